@@ -1,0 +1,78 @@
+package selection
+
+import (
+	"strconv"
+	"sync/atomic"
+	"testing"
+)
+
+const (
+	benchReplicas      = 64
+	benchConversations = 100_000
+)
+
+func benchRouter(b *testing.B) (*Router, []string) {
+	r := newTestRouter(benchReplicas, Config{MaxSessions: 2 * benchConversations})
+	keys := make([]string, benchConversations)
+	for i := range keys {
+		keys[i] = "5f0c8e3a-0000-4000-8000-" + strconv.Itoa(100000000000+i)
+		r.Pick(Request{Key: keys[i], Now: t0}).Release()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	return r, keys
+}
+
+// BenchmarkPinnedLookup is a turn of a known conversation: hash, table
+// lookup, spill gate, in-flight count and its release.
+func BenchmarkPinnedLookup(b *testing.B) {
+	r, keys := benchRouter(b)
+	i := 0
+	for b.Loop() {
+		r.Pick(Request{Key: keys[i%len(keys)], Now: t0}).Release()
+		i++
+	}
+}
+
+func BenchmarkPinnedLookupParallel(b *testing.B) {
+	r, keys := benchRouter(b)
+	var next atomic.Uint64
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(7919))
+		for pb.Next() {
+			r.Pick(Request{Key: keys[i%len(keys)], Now: t0}).Release()
+			i++
+		}
+	})
+}
+
+// BenchmarkPlaceNew is the first turn of a new conversation: a scan of the
+// 64 replicas under the placement lock and a table insert.
+func BenchmarkPlaceNew(b *testing.B) {
+	r, _ := benchRouter(b)
+	keys := newKeys(b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		r.Pick(Request{Key: keys[i], Now: t0}).Release()
+	}
+}
+
+func BenchmarkPlaceNewParallel(b *testing.B) {
+	r, _ := benchRouter(b)
+	keys := newKeys(b.N)
+	var next atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r.Pick(Request{Key: keys[next.Add(1)-1], Now: t0}).Release()
+		}
+	})
+}
+
+func newKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "new-" + strconv.Itoa(i)
+	}
+	return keys
+}

@@ -1,0 +1,87 @@
+package selection
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// Replica names one place a conversation can be served: a whole vLLM server
+// (Rank is the engine rank its metrics report, usually 0), or one
+// data-parallel rank of a server, chosen with the X-data-parallel-rank header.
+type Replica struct {
+	// ID is unique within a model: the address, or "address#rank" for ranks.
+	ID string
+	// Address is the upstream's dial address (host:port).
+	Address string
+	// Rank is the engine rank (the `engine` label of vLLM's metrics).
+	Rank int
+	// SetsRank is true when requests must carry X-data-parallel-rank: Rank.
+	SetsRank bool
+}
+
+// Load is what the replica's own metrics said at the last scrape.
+type Load struct {
+	Running float64
+	Waiting float64
+	// KVUsage is the fraction of KV-cache blocks in use, 0..1.
+	KVUsage float64
+	// Known is false when the metrics are missing, stale or invalid: the
+	// replica is then scored as full, never as idle.
+	Known bool
+}
+
+// unknownLoad is how a replica without fresh metrics is scored.
+var unknownLoad = Load{KVUsage: 1}
+
+// replicaState is the live state of a replica. It outlives config reloads:
+// a reload that keeps a replica's ID keeps its counters and pins.
+type replicaState struct {
+	Replica
+	idHash uint64 // for rendezvous tie-breaks
+
+	inFlight atomic.Int64
+	sessions atomic.Int64 // pinned conversations in the table
+	active   atomic.Int64 // of those, used within the active window
+	load     atomic.Pointer[Load]
+	healthy  atomic.Bool
+	removed  atomic.Bool // no longer part of the fleet
+
+	sticky       atomic.Uint64 // requests served here as the conversation's pin
+	placed       atomic.Uint64 // new conversations pinned here
+	replaced     atomic.Uint64 // conversations moved here from an unhealthy pin
+	spilledIn    atomic.Uint64 // requests of conversations pinned elsewhere
+	clientPinned atomic.Uint64 // requests whose client chose this replica
+	unpinned     atomic.Uint64 // requests placed by load alone (unkeyed, affinity off)
+}
+
+func newReplicaState(r Replica) *replicaState {
+	s := &replicaState{Replica: r, idHash: HashKey(r.ID)}
+	s.load.Store(&unknownLoad)
+	return s
+}
+
+// usable reports whether the replica may take a request now.
+func (s *replicaState) usable() bool {
+	return s.healthy.Load() && !s.removed.Load()
+}
+
+// busy is the number of requests the replica is working on: our own in-flight
+// count, which is exact and current, or the engine's running+waiting when
+// other clients load it too.
+func (s *replicaState) busy() float64 {
+	l := s.load.Load()
+	own := float64(s.inFlight.Load())
+	if !l.Known {
+		return own
+	}
+	return math.Max(own, l.Running+l.Waiting)
+}
+
+// kvUsage is the KV-cache fill, 1 when unknown.
+func (s *replicaState) kvUsage() float64 {
+	l := s.load.Load()
+	if !l.Known {
+		return 1
+	}
+	return l.KVUsage
+}

@@ -1,0 +1,335 @@
+package selection
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func servers(n int) []Replica {
+	reps := make([]Replica, n)
+	for i := range reps {
+		addr := fmt.Sprintf("127.0.0.1:%d", 8001+i)
+		reps[i] = Replica{ID: addr, Address: addr}
+	}
+	return reps
+}
+
+func newTestRouter(n int, cfg Config) *Router {
+	cfg.Affinity = true
+	r := NewRouter("m", cfg, servers(n), t0)
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, Load{Known: true})
+	}
+	return r
+}
+
+func pick(t testing.TB, r *Router, key string) Decision {
+	t.Helper()
+	d := r.Pick(Request{Key: key, Now: t0})
+	if d.Outcome == NoReplica {
+		t.Fatalf("no replica for %q", key)
+	}
+	return d
+}
+
+func id(d Decision) string {
+	rep, _ := d.Replica()
+	return rep.ID
+}
+
+func spread(r *Router) (lo, hi int64) {
+	st := r.Status()
+	lo, hi = st.Replicas[0].Sessions, st.Replicas[0].Sessions
+	for _, rs := range st.Replicas {
+		lo, hi = min(lo, rs.Sessions), max(hi, rs.Sessions)
+	}
+	return lo, hi
+}
+
+func TestConversationStaysOnItsReplica(t *testing.T) {
+	r := newTestRouter(3, Config{})
+	first := map[string]string{}
+	for turn := range 5 {
+		for c := range 40 {
+			key := fmt.Sprintf("conv-%d", c)
+			d := pick(t, r, key)
+			if turn == 0 {
+				if d.Outcome != Placed {
+					t.Fatalf("first turn outcome %v", d.Outcome)
+				}
+				first[key] = id(d)
+			} else if id(d) != first[key] || d.Outcome != Sticky {
+				t.Fatalf("%s turn %d went to %s (%v), pinned to %s", key, turn, id(d), d.Outcome, first[key])
+			}
+			d.Release()
+		}
+	}
+	if lo, hi := spread(r); hi-lo > 1 {
+		t.Fatalf("conversations per replica spread %d..%d", lo, hi)
+	}
+	st := r.Status()
+	if st.StickyPercent != 100 || st.InFlight != 0 {
+		t.Fatalf("sticky %.1f%%, in flight %d", st.StickyPercent, st.InFlight)
+	}
+}
+
+func TestConcurrentPlacementIsEven(t *testing.T) {
+	r := newTestRouter(8, Config{})
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range 1000 {
+		wg.Go(func() {
+			<-start
+			pick(t, r, fmt.Sprintf("session-%d", g)) // held: still in flight
+		})
+	}
+	close(start)
+	wg.Wait()
+	if lo, hi := spread(r); hi-lo > 1 {
+		t.Fatalf("conversations per replica spread %d..%d", lo, hi)
+	}
+	st := r.Status()
+	if st.InFlight != 1000 || st.Sessions != 1000 {
+		t.Fatalf("in flight %d, sessions %d, want 1000", st.InFlight, st.Sessions)
+	}
+}
+
+func TestSpillAboveThresholdKeepsThePin(t *testing.T) {
+	r := newTestRouter(3, Config{SpillThreshold: 2})
+	home := id(pick(t, r, "a")) // 1 in flight on home
+	pick(t, r, "a")             // 2
+	pick(t, r, "a")             // 3: in flight was 2, not above threshold
+	d := pick(t, r, "a")        // in flight 3 > 2: spills
+	if d.Outcome != Spilled || id(d) == home {
+		t.Fatalf("got %v on %s, want a spill away from %s", d.Outcome, id(d), home)
+	}
+	d.Release()
+	st := r.Status()
+	var spilled uint64
+	for _, rs := range st.Replicas {
+		spilled += rs.SpilledIn
+	}
+	if spilled != 1 {
+		t.Fatalf("spilled_in total %d, want 1", spilled)
+	}
+	if r.Status().InFlight != 3 {
+		t.Fatalf("in flight %d after release, want 3", r.Status().InFlight)
+	}
+}
+
+func TestSpillStaysWhenPinIsLeastLoaded(t *testing.T) {
+	r := newTestRouter(2, Config{SpillThreshold: 1})
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, Load{Known: true, Running: 30})
+	}
+	home := id(pick(t, r, "a"))
+	pick(t, r, "a")
+	if d := pick(t, r, "a"); id(d) != home || d.Outcome != Sticky {
+		t.Fatalf("got %v on %s; the other replica is as busy, want sticky on %s", d.Outcome, id(d), home)
+	}
+}
+
+func TestAffinityOffSpreadsAndKeepsPins(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	home := id(pick(t, r, "a")) // held in flight
+	r.SetAffinity(false)
+	d := pick(t, r, "a")
+	if d.Outcome != Unpinned || id(d) == home {
+		t.Fatalf("affinity off: %v on %s, want the idle replica", d.Outcome, id(d))
+	}
+	d.Release()
+	r.SetAffinity(true)
+	if d := pick(t, r, "a"); id(d) != home || d.Outcome != Sticky {
+		t.Fatalf("affinity back on: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+	}
+}
+
+func TestUnknownLoadCountsAsFull(t *testing.T) {
+	r := newTestRouter(3, Config{})
+	stale := r.Replicas()[0].ID
+	r.SetLoad(stale, Load{})
+	for c := range 6 {
+		d := pick(t, r, fmt.Sprintf("c%d", c))
+		if id(d) == stale {
+			t.Fatalf("conversation %d placed on the replica with unknown load", c)
+		}
+	}
+}
+
+func TestUnhealthyPinIsReplaced(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	d := pick(t, r, "a")
+	d.Release()
+	home := id(d)
+	r.SetHealthy(home, false)
+	d = pick(t, r, "a")
+	if d.Outcome != Replaced || id(d) == home {
+		t.Fatalf("got %v on %s, want replaced away from %s", d.Outcome, id(d), home)
+	}
+	d.Release()
+	r.SetHealthy(home, true)
+	if d := pick(t, r, "a"); id(d) == home {
+		t.Fatal("conversation went back to its old replica; the new pin should hold")
+	}
+	var replaced uint64
+	for _, rs := range r.Status().Replicas {
+		replaced += rs.Replaced
+	}
+	if replaced != 1 {
+		t.Fatalf("replaced %d, want 1", replaced)
+	}
+}
+
+func TestProxyUnusableUpstreamIsAvoided(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	down := r.Replicas()[0].Address
+	usable := func(addr string) bool { return addr != down }
+	for c := range 4 {
+		d := r.Pick(Request{Key: fmt.Sprintf("c%d", c), Now: t0, Usable: usable})
+		if rep, _ := d.Replica(); rep.Address == down {
+			t.Fatal("placed on an address the proxy cannot use")
+		}
+	}
+	if d := r.Pick(Request{Key: "x", Now: t0, Usable: func(string) bool { return false }}); d.Outcome != NoReplica {
+		t.Fatalf("nothing usable: got %v", d.Outcome)
+	}
+}
+
+func TestSessionsExpireAndTableIsBounded(t *testing.T) {
+	r := newTestRouter(2, Config{SessionTTL: time.Minute, MaxSessions: sessionShards * 2})
+	for c := range sessionShards * 10 {
+		pick(t, r, fmt.Sprintf("c%d", c)).Release()
+	}
+	st := r.Status()
+	if st.Sessions > sessionShards*2 || st.Evicted == 0 {
+		t.Fatalf("sessions %d (bound %d), evicted %d", st.Sessions, sessionShards*2, st.Evicted)
+	}
+	r.Sweep(t0.Add(2 * time.Minute))
+	st = r.Status()
+	if st.Sessions != 0 || st.Expired == 0 {
+		t.Fatalf("after TTL: sessions %d, expired %d", st.Sessions, st.Expired)
+	}
+}
+
+func TestActiveWindow(t *testing.T) {
+	r := newTestRouter(2, Config{ActiveWindow: time.Minute})
+	pick(t, r, "a").Release()
+	pick(t, r, "b").Release()
+	r.Sweep(t0.Add(30 * time.Second))
+	if active := activeTotal(r); active != 2 {
+		t.Fatalf("active %d, want 2", active)
+	}
+	r.Sweep(t0.Add(90 * time.Second))
+	if active := activeTotal(r); active != 0 {
+		t.Fatalf("active %d after the window, want 0", active)
+	}
+	d := r.Pick(Request{Key: "a", Now: t0.Add(100 * time.Second)})
+	d.Release()
+	if active := activeTotal(r); active != 1 || d.Outcome != Sticky {
+		t.Fatalf("active %d, outcome %v after a new turn", active, d.Outcome)
+	}
+}
+
+func activeTotal(r *Router) (n int64) {
+	for _, rs := range r.Status().Replicas {
+		n += rs.ActiveSessions
+	}
+	return n
+}
+
+func TestReconfigureKeepsPinsCountersAndToggles(t *testing.T) {
+	cfg := Config{Affinity: true}
+	r := newTestRouter(3, cfg)
+	homes := map[string]string{}
+	for c := range 9 {
+		d := pick(t, r, fmt.Sprintf("c%d", c))
+		d.Release()
+		homes[fmt.Sprintf("c%d", c)] = id(d)
+	}
+	r.SetSpillThreshold(5)
+	r.Configure(cfg)
+	r.SetReplicas(servers(3))
+	if n, auto := r.SpillThreshold(); n != 5 || auto {
+		t.Fatalf("runtime threshold lost on same-config reload: %d auto=%v", n, auto)
+	}
+	for key, home := range homes {
+		if d := pick(t, r, key); id(d) != home {
+			t.Fatalf("%s moved from %s to %s on reload", key, home, id(d))
+		}
+	}
+	if st := r.Status(); st.Requests != 18 || st.Sessions != 9 {
+		t.Fatalf("counters after reload: requests %d sessions %d", st.Requests, st.Sessions)
+	}
+	r.Configure(Config{Affinity: true, SpillThreshold: 3})
+	if n, _ := r.SpillThreshold(); n != 3 {
+		t.Fatalf("changed config threshold not applied: %d", n)
+	}
+}
+
+func TestRemovedReplicaConversationsMove(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	var onFirst string
+	for c := range 4 {
+		d := pick(t, r, fmt.Sprintf("c%d", c))
+		d.Release()
+		if id(d) == r.Replicas()[0].ID {
+			onFirst = fmt.Sprintf("c%d", c)
+		}
+	}
+	r.SetReplicas(servers(2)[1:])
+	d := pick(t, r, onFirst)
+	if d.Outcome != Replaced || id(d) != servers(2)[1].ID {
+		t.Fatalf("conversation of a removed replica: %v on %s", d.Outcome, id(d))
+	}
+}
+
+func TestClientPinning(t *testing.T) {
+	r := newTestRouter(3, Config{})
+	want := r.Replicas()[2].ID
+	d := r.Pick(Request{Key: "a", ClientReplica: want, Now: t0})
+	if d.Outcome != ClientPinned || id(d) != want {
+		t.Fatalf("got %v on %s", d.Outcome, id(d))
+	}
+	if d := r.Pick(Request{Key: "a", ClientReplica: "nope", Now: t0}); d.Outcome != Placed {
+		t.Fatalf("unknown client replica: %v", d.Outcome)
+	}
+}
+
+func TestUnkeyedRequestsSpreadByLoad(t *testing.T) {
+	r := newTestRouter(4, Config{})
+	seen := map[string]int{}
+	for range 8 {
+		seen[id(pick(t, r, ""))]++ // held
+	}
+	for rep, n := range seen {
+		if n != 2 {
+			t.Fatalf("replica %s got %d of 8 held unkeyed requests: %v", rep, n, seen)
+		}
+	}
+	if st := r.Status(); st.Unkeyed != 8 || st.Sessions != 0 {
+		t.Fatalf("unkeyed %d sessions %d", st.Unkeyed, st.Sessions)
+	}
+}
+
+func TestAllUnhealthyFallsBackToReachable(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	for _, rep := range r.Replicas() {
+		r.SetHealthy(rep.ID, false)
+	}
+	if d := r.Pick(Request{Key: "a", Now: t0}); d.Outcome == NoReplica {
+		t.Fatal("every replica unhealthy by metrics: requests should still be served")
+	}
+}
+
+func TestHashKeyIsStableAndNonZero(t *testing.T) {
+	if HashKey("abc") != HashKey("abc") || HashKey("abc") == HashKey("abd") {
+		t.Fatal("hash not stable or not discriminating")
+	}
+	if HashKey("") == 0 {
+		t.Fatal("hash of empty key is 0")
+	}
+}

@@ -1,0 +1,181 @@
+package selection
+
+import (
+	"sync"
+)
+
+// sessionShards spreads the session table over independent locks so that
+// concurrent requests of different conversations rarely contend.
+const sessionShards = 64
+
+// session is one pinned conversation. Entries form a per-shard list ordered by
+// last use (most recent first), which gives LRU eviction, TTL expiry and the
+// "active conversation" window with pointer moves only.
+type session struct {
+	key        uint64
+	pin        *replicaState
+	lastSeen   int64 // unix nanoseconds
+	active     bool  // used within the active window; counted in pin.active
+	prev, next *session
+}
+
+type sessionShard struct {
+	mu    sync.Mutex
+	byKey map[uint64]*session
+	head  *session // most recently used
+	tail  *session // least recently used
+	// oldestActive is the last entry of the active prefix of the list: the
+	// list is ordered by lastSeen, so active entries are exactly a prefix.
+	oldestActive *session
+	capacity     int
+}
+
+// sessionTable maps hashed conversation keys to their pinned replica.
+type sessionTable struct {
+	shards [sessionShards]sessionShard
+}
+
+func newSessionTable(maxSessions int) *sessionTable {
+	t := &sessionTable{}
+	t.setCapacity(maxSessions)
+	for i := range t.shards {
+		t.shards[i].byKey = make(map[uint64]*session)
+	}
+	return t
+}
+
+// setCapacity bounds the table; shrinking evicts on the next insert.
+func (t *sessionTable) setCapacity(maxSessions int) {
+	perShard := max(1, (maxSessions+sessionShards-1)/sessionShards)
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		s.capacity = perShard
+		s.mu.Unlock()
+	}
+}
+
+func (t *sessionTable) shard(key uint64) *sessionShard {
+	return &t.shards[key%sessionShards]
+}
+
+// touch returns the pin of key and marks it used at now, or nil when the key
+// is unknown or idle for longer than ttl (the expired entry is removed).
+func (s *sessionShard) touch(key uint64, now, ttl int64) *replicaState {
+	e := s.byKey[key]
+	if e == nil {
+		return nil
+	}
+	if now-e.lastSeen > ttl {
+		s.remove(e)
+		return nil
+	}
+	e.lastSeen = now
+	if !e.active {
+		e.active = true
+		e.pin.active.Add(1)
+	}
+	s.moveToFront(e)
+	if s.oldestActive == nil { // e was an idle head: now the only active entry
+		s.oldestActive = e
+	}
+	return e.pin
+}
+
+// insert pins key to pin, evicting the least recently used entries beyond
+// capacity. It returns the number of entries evicted.
+func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) int {
+	e := &session{key: key, pin: pin, lastSeen: now, active: true}
+	pin.sessions.Add(1)
+	pin.active.Add(1)
+	s.byKey[key] = e
+	s.pushFront(e)
+	evicted := 0
+	for len(s.byKey) > s.capacity && s.tail != nil {
+		s.remove(s.tail)
+		evicted++
+	}
+	return evicted
+}
+
+// repin moves an existing conversation to another replica.
+func (s *sessionShard) repin(key uint64, pin *replicaState, now int64) {
+	e := s.byKey[key]
+	if e == nil {
+		s.insert(key, pin, now)
+		return
+	}
+	if e.active {
+		e.pin.active.Add(-1)
+		pin.active.Add(1)
+	}
+	e.pin.sessions.Add(-1)
+	pin.sessions.Add(1)
+	e.pin = pin
+}
+
+func (s *sessionShard) remove(e *session) {
+	if e.active {
+		e.pin.active.Add(-1)
+	}
+	e.pin.sessions.Add(-1)
+	s.unlink(e)
+	delete(s.byKey, e.key)
+}
+
+// sweep drops entries idle past ttl and ends the active state of entries
+// idle past activeWindow. Both walk from the old end and stop at the first
+// entry still in range, so the cost is proportional to what changes.
+func (s *sessionShard) sweep(now, ttl, activeWindow int64) (expired int) {
+	for s.oldestActive != nil && now-s.oldestActive.lastSeen > activeWindow {
+		e := s.oldestActive
+		e.active = false
+		e.pin.active.Add(-1)
+		s.oldestActive = e.prev
+	}
+	for s.tail != nil && now-s.tail.lastSeen > ttl {
+		s.remove(s.tail)
+		expired++
+	}
+	return expired
+}
+
+func (s *sessionShard) pushFront(e *session) {
+	e.prev = nil
+	e.next = s.head
+	if s.head != nil {
+		s.head.prev = e
+	}
+	s.head = e
+	if s.tail == nil {
+		s.tail = e
+	}
+	if s.oldestActive == nil && e.active {
+		s.oldestActive = e
+	}
+}
+
+func (s *sessionShard) moveToFront(e *session) {
+	if s.head == e {
+		return
+	}
+	s.unlink(e)
+	s.pushFront(e)
+}
+
+func (s *sessionShard) unlink(e *session) {
+	if s.oldestActive == e {
+		s.oldestActive = e.prev
+	}
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		s.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		s.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}

@@ -1,0 +1,85 @@
+package selection
+
+import "time"
+
+// Status is a point-in-time view of a model's routing, for the admin API,
+// the panel and the Prometheus collectors.
+type Status struct {
+	Model              string
+	Affinity           bool
+	SpillThreshold     int
+	SpillThresholdAuto bool
+	MaxNumSeqs         int
+	Since              time.Time
+	InFlight           int64
+	Sessions           int64
+	// StickyPercent is the share of keyed requests served by their
+	// conversation's pinned replica (placements included), 0..100.
+	StickyPercent float64
+	Requests      uint64
+	Unkeyed       uint64
+	NoReplica     uint64
+	Evicted       uint64
+	Expired       uint64
+	Replicas      []ReplicaStatus
+}
+
+// ReplicaStatus is one replica's counters since the router started.
+type ReplicaStatus struct {
+	Replica
+	InFlight       int64
+	Sessions       int64 // conversations pinned here
+	ActiveSessions int64 // of those, active within the active window
+	Sticky         uint64
+	Placed         uint64
+	Replaced       uint64
+	SpilledIn      uint64
+	ClientPinned   uint64
+	Unpinned       uint64
+	Load           Load
+	Healthy        bool
+}
+
+// Status returns the router's counters and its replicas' state.
+func (r *Router) Status() Status {
+	threshold, auto := r.SpillThreshold()
+	st := Status{
+		Model:              r.model,
+		Affinity:           r.Affinity(),
+		SpillThreshold:     threshold,
+		SpillThresholdAuto: auto,
+		MaxNumSeqs:         int(r.maxNumSeqs.Load()),
+		Since:              r.since,
+		Requests:           r.requests.Load(),
+		Unkeyed:            r.unkeyed.Load(),
+		NoReplica:          r.noReplica.Load(),
+		Evicted:            r.evicted.Load(),
+		Expired:            r.expired.Load(),
+	}
+	var sticky, spilled uint64
+	for _, s := range r.fleet.Load().replicas {
+		rs := ReplicaStatus{
+			Replica:        s.Replica,
+			InFlight:       s.inFlight.Load(),
+			Sessions:       s.sessions.Load(),
+			ActiveSessions: s.active.Load(),
+			Sticky:         s.sticky.Load(),
+			Placed:         s.placed.Load(),
+			Replaced:       s.replaced.Load(),
+			SpilledIn:      s.spilledIn.Load(),
+			ClientPinned:   s.clientPinned.Load(),
+			Unpinned:       s.unpinned.Load(),
+			Load:           *s.load.Load(),
+			Healthy:        s.healthy.Load(),
+		}
+		st.InFlight += rs.InFlight
+		st.Sessions += rs.Sessions
+		sticky += rs.Sticky
+		spilled += rs.SpilledIn
+		st.Replicas = append(st.Replicas, rs)
+	}
+	if sticky+spilled > 0 {
+		st.StickyPercent = 100 * float64(sticky) / float64(sticky+spilled)
+	}
+	return st
+}
