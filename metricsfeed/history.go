@@ -1,0 +1,316 @@
+package metricsfeed
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// History keeps, per target and engine, the token counters of recent scrapes
+// in a fixed-size ring, and derives rates from them. Its memory is bounded by
+// the ring capacity times the number of (target, engine) pairs; Forget drops
+// a target. It never reads the clock: callers pass sample and query times.
+// Its methods are safe for concurrent use.
+type History struct {
+	capacity int
+
+	mu     sync.Mutex
+	series map[Source]*counterRing
+}
+
+// Source selects counters in a History: one engine of a target, or all of
+// its engines when Engine is AllEngines.
+type Source struct {
+	Target string
+	Engine int
+}
+
+// AllEngines in a Source selects every engine of the target.
+const AllEngines = -1
+
+// WholeTarget selects every engine of a target.
+func WholeTarget(target string) Source { return Source{Target: target, Engine: AllEngines} }
+
+// Rates are token rates and prefix-cache deltas over a window. Counter
+// resets (a restarted server) count the value after the reset as the
+// increase, so rates are never negative.
+type Rates struct {
+	PromptPerSec   float64 `json:"prompt_tokens_per_s"`
+	CachedPerSec   float64 `json:"cached_tokens_per_s"`   // prompt_tokens_cached, else prefix-cache hits
+	ComputedPerSec float64 `json:"computed_tokens_per_s"` // prompt minus cached
+	GenPerSec      float64 `json:"generation_tokens_per_s"`
+	PrefixQueries  float64 `json:"prefix_cache_queries"` // increase over the window, tokens
+	PrefixHits     float64 `json:"prefix_cache_hits"`    // increase over the window, tokens
+}
+
+// HitRate is the prefix-cache hit rate over the window (hits / queries), 0
+// when there was no query.
+func (r Rates) HitRate() float64 {
+	if r.PrefixQueries <= 0 {
+		return 0
+	}
+	return r.PrefixHits / r.PrefixQueries
+}
+
+// RatePoint is one step of a rate time series; At is the start of the step.
+type RatePoint struct {
+	At             time.Time `json:"at"`
+	PromptPerSec   float64   `json:"prompt_tokens_per_s"`
+	CachedPerSec   float64   `json:"cached_tokens_per_s"`
+	ComputedPerSec float64   `json:"computed_tokens_per_s"`
+	GenPerSec      float64   `json:"generation_tokens_per_s"`
+}
+
+// NewHistory returns a History whose rings hold enough samples to cover
+// retention at one sample per interval (e.g. one hour at one second).
+func NewHistory(retention, interval time.Duration) *History {
+	capacity := 2
+	if interval > 0 {
+		capacity = max(capacity, int((retention+interval-1)/interval)+1)
+	}
+	return &History{capacity: capacity, series: map[Source]*counterRing{}}
+}
+
+// Capacity is the number of samples kept per target and engine.
+func (h *History) Capacity() int { return h.capacity }
+
+// Add records the counters of a successful scrape of target taken at at.
+// A sample not later than the engine's previous one is ignored.
+func (h *History) Add(target string, at time.Time, s Scrape) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range s.Engines {
+		key := Source{Target: target, Engine: e.Engine}
+		ring := h.series[key]
+		if ring == nil {
+			ring = &counterRing{samples: make([]counterSample, 0, h.capacity)}
+			h.series[key] = ring
+		}
+		ring.add(counterSample{at: at, present: e.Present, counters: [numCounters]float64{
+			prefixQueries:      e.PrefixQueries,
+			prefixHits:         e.PrefixHits,
+			promptTokens:       e.PromptTokens,
+			promptTokensCached: e.PromptTokensCached,
+			generationTokens:   e.GenerationTokens,
+		}})
+	}
+}
+
+// Forget drops every sample of a target, e.g. when it leaves the config.
+func (h *History) Forget(target string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	maps.DeleteFunc(h.series, func(k Source, _ *counterRing) bool { return k.Target == target })
+}
+
+// Rates sums the rates of the selected engines over the samples taken in
+// [now-window, now]. Each engine's rate is its counter increase divided by
+// the time between its first and last sample in the window. It reports false
+// when no selected engine has two samples in the window.
+func (h *History) Rates(now time.Time, window time.Duration, sources ...Source) (Rates, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	from := now.Add(-window)
+	var total Rates
+	found := false
+	for _, ring := range h.selectLocked(sources) {
+		var sum increase
+		var span time.Duration
+		ring.eachPair(func(prev, cur counterSample) {
+			if prev.at.Before(from) || cur.at.After(now) {
+				return
+			}
+			sum.add(pairIncrease(prev, cur))
+			span += cur.at.Sub(prev.at)
+		})
+		if span <= 0 {
+			continue
+		}
+		found = true
+		perSec := sum.perSecond(span)
+		total.PromptPerSec += perSec.prompt
+		total.CachedPerSec += perSec.cached
+		total.ComputedPerSec += perSec.computed
+		total.GenPerSec += perSec.generation
+		total.PrefixQueries += sum.queries
+		total.PrefixHits += sum.hits
+	}
+	return total, found
+}
+
+// Series returns the summed rates of the selected engines per step (aligned
+// to multiples of step), oldest first, over everything the History holds.
+// Each interval between two samples counts in the step where it ends.
+func (h *History) Series(step time.Duration, sources ...Source) []RatePoint {
+	if step <= 0 {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	points := map[time.Time]*RatePoint{}
+	for _, ring := range h.selectLocked(sources) {
+		type bucket struct {
+			sum  increase
+			span time.Duration
+		}
+		buckets := map[time.Time]*bucket{}
+		ring.eachPair(func(prev, cur counterSample) {
+			start := cur.at.Truncate(step)
+			b := buckets[start]
+			if b == nil {
+				b = &bucket{}
+				buckets[start] = b
+			}
+			b.sum.add(pairIncrease(prev, cur))
+			b.span += cur.at.Sub(prev.at)
+		})
+		for start, b := range buckets {
+			p := points[start]
+			if p == nil {
+				p = &RatePoint{At: start}
+				points[start] = p
+			}
+			perSec := b.sum.perSecond(b.span)
+			p.PromptPerSec += perSec.prompt
+			p.CachedPerSec += perSec.cached
+			p.ComputedPerSec += perSec.computed
+			p.GenPerSec += perSec.generation
+		}
+	}
+	series := make([]RatePoint, 0, len(points))
+	for _, p := range points {
+		series = append(series, *p)
+	}
+	slices.SortFunc(series, func(a, b RatePoint) int { return a.At.Compare(b.At) })
+	return series
+}
+
+// selectLocked resolves sources to distinct rings, so that overlapping
+// sources do not count an engine twice.
+func (h *History) selectLocked(sources []Source) []*counterRing {
+	selected := map[Source]*counterRing{}
+	for _, src := range sources {
+		if src.Engine != AllEngines {
+			if ring := h.series[src]; ring != nil {
+				selected[src] = ring
+			}
+			continue
+		}
+		for key, ring := range h.series {
+			if key.Target == src.Target {
+				selected[key] = ring
+			}
+		}
+	}
+	return slices.Collect(maps.Values(selected))
+}
+
+// The counters History keeps, as indexes into counterSample.counters.
+const (
+	prefixQueries = iota
+	prefixHits
+	promptTokens
+	promptTokensCached
+	generationTokens
+	numCounters
+)
+
+var counterFields = [numCounters]Field{
+	prefixQueries:      FieldPrefixQueries,
+	prefixHits:         FieldPrefixHits,
+	promptTokens:       FieldPromptTokens,
+	promptTokensCached: FieldPromptTokensCached,
+	generationTokens:   FieldGenerationTokens,
+}
+
+type counterSample struct {
+	at       time.Time
+	present  Field
+	counters [numCounters]float64
+}
+
+// counterRing holds the latest samples of one engine, oldest overwritten.
+type counterRing struct {
+	samples []counterSample // grows to cap, then wraps
+	next    int             // index of the oldest sample once full
+}
+
+func (r *counterRing) add(s counterSample) {
+	if n := len(r.samples); n > 0 && !s.at.After(r.nth(n-1).at) {
+		return
+	}
+	if len(r.samples) < cap(r.samples) {
+		r.samples = append(r.samples, s)
+		return
+	}
+	r.samples[r.next] = s
+	r.next = (r.next + 1) % len(r.samples)
+}
+
+// nth returns the i-th sample in time order.
+func (r *counterRing) nth(i int) counterSample {
+	return r.samples[(r.next+i)%len(r.samples)]
+}
+
+// eachPair calls fn for every two consecutive samples, oldest first.
+func (r *counterRing) eachPair(fn func(prev, cur counterSample)) {
+	for i := 1; i < len(r.samples); i++ {
+		fn(r.nth(i-1), r.nth(i))
+	}
+}
+
+// increase is the token counts gained between samples.
+type increase struct {
+	prompt, cached, computed, generation, queries, hits float64
+}
+
+func (a *increase) add(b increase) {
+	a.prompt += b.prompt
+	a.cached += b.cached
+	a.computed += b.computed
+	a.generation += b.generation
+	a.queries += b.queries
+	a.hits += b.hits
+}
+
+func (a increase) perSecond(span time.Duration) increase {
+	secs := span.Seconds()
+	return increase{
+		prompt:     a.prompt / secs,
+		cached:     a.cached / secs,
+		computed:   a.computed / secs,
+		generation: a.generation / secs,
+		queries:    a.queries / secs,
+		hits:       a.hits / secs,
+	}
+}
+
+// pairIncrease is what an engine's counters gained from prev to cur. A
+// counter missing from either sample gained nothing; one that went down was
+// reset, and its new value is what it gained since.
+func pairIncrease(prev, cur counterSample) increase {
+	gained := func(i int) float64 {
+		f := counterFields[i]
+		if prev.present&f == 0 || cur.present&f == 0 {
+			return 0
+		}
+		if cur.counters[i] < prev.counters[i] {
+			return cur.counters[i]
+		}
+		return cur.counters[i] - prev.counters[i]
+	}
+	inc := increase{
+		prompt:     gained(promptTokens),
+		generation: gained(generationTokens),
+		queries:    gained(prefixQueries),
+		hits:       gained(prefixHits),
+	}
+	if prev.present&cur.present&FieldPromptTokensCached != 0 {
+		inc.cached = gained(promptTokensCached)
+	} else {
+		inc.cached = inc.hits
+	}
+	inc.computed = max(inc.prompt-inc.cached, 0)
+	return inc
+}

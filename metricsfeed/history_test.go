@@ -1,0 +1,166 @@
+package metricsfeed
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 10, 1, 12, 0, 0, 0, time.UTC)
+
+const allCounters = FieldPrefixQueries | FieldPrefixHits | FieldPromptTokens | FieldPromptTokensCached | FieldGenerationTokens
+
+// counters builds the stats of one engine whose counters all grow with n:
+// prompt = 100n, cached = cachedPerTurn*n, generation = 10n, queries = 100n.
+func counters(engine int, n, cachedPerTurn float64) EngineStats {
+	return EngineStats{
+		Engine: engine, Present: allCounters,
+		PromptTokens: 100 * n, PromptTokensCached: cachedPerTurn * n, PrefixQueries: 100 * n,
+		PrefixHits: cachedPerTurn * n, GenerationTokens: 10 * n,
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestRatesSteadyState(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	for i := range 11 {
+		h.Add("a", t0.Add(time.Duration(i)*time.Second), Scrape{Engines: []EngineStats{counters(0, float64(i), 60)}})
+	}
+	r, ok := h.Rates(t0.Add(10*time.Second), 10*time.Second, WholeTarget("a"))
+	if !ok {
+		t.Fatal("no rates")
+	}
+	if !near(r.PromptPerSec, 100) || !near(r.CachedPerSec, 60) || !near(r.ComputedPerSec, 40) || !near(r.GenPerSec, 10) {
+		t.Errorf("rates %+v, want prompt 100, cached 60, computed 40, gen 10", r)
+	}
+	if !near(r.HitRate(), 0.6) || !near(r.PrefixQueries, 1000) {
+		t.Errorf("hit rate %v over %v queries, want 0.6 over 1000", r.HitRate(), r.PrefixQueries)
+	}
+	if _, ok := h.Rates(t0.Add(time.Hour), time.Minute, WholeTarget("a")); ok {
+		t.Error("rates reported for a window with no samples")
+	}
+}
+
+func TestRatesSurviveCounterReset(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	for i, prompt := range []float64{1000, 1100, 1200, 50, 150} { // server restarted before the 4th scrape
+		h.Add("a", t0.Add(time.Duration(i)*time.Second), Scrape{Engines: []EngineStats{{Present: FieldPromptTokens, PromptTokens: prompt}}})
+	}
+	r, ok := h.Rates(t0.Add(4*time.Second), time.Minute, WholeTarget("a"))
+	if !ok {
+		t.Fatal("no rates")
+	}
+	// increases 100 + 100 + 50 (value after reset) + 100 over 4 s
+	if !near(r.PromptPerSec, 87.5) {
+		t.Errorf("prompt rate %v, want 87.5", r.PromptPerSec)
+	}
+	for _, p := range h.Series(time.Second, WholeTarget("a")) {
+		if p.PromptPerSec < 0 || p.ComputedPerSec < 0 {
+			t.Errorf("negative rate at %v: %+v", p.At, p)
+		}
+	}
+}
+
+func TestHitRateFollowsTheWindow(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	var queries, hits float64
+	for i := range 21 {
+		if i > 0 {
+			queries += 100
+			if i <= 10 {
+				hits += 90 // first 10 s: 90% hits
+			} else {
+				hits += 10 // last 10 s: 10% hits
+			}
+		}
+		h.Add("a", t0.Add(time.Duration(i)*time.Second), Scrape{Engines: []EngineStats{{
+			Present: FieldPrefixQueries | FieldPrefixHits, PrefixQueries: queries, PrefixHits: hits,
+		}}})
+	}
+	now := t0.Add(20 * time.Second)
+	for _, tc := range []struct {
+		window time.Duration
+		want   float64
+	}{{5 * time.Second, 0.1}, {10 * time.Second, 0.1}, {20 * time.Second, 0.5}} {
+		r, ok := h.Rates(now, tc.window, WholeTarget("a"))
+		if !ok || !near(r.HitRate(), tc.want) {
+			t.Errorf("window %v: hit rate %v (ok %v), want %v", tc.window, r.HitRate(), ok, tc.want)
+		}
+		// Without prompt_tokens_cached, cached tokens are the prefix hits.
+		if !near(r.CachedPerSec, r.PrefixHits/tc.window.Seconds()) {
+			t.Errorf("window %v: cached %v/s, hits %v", tc.window, r.CachedPerSec, r.PrefixHits)
+		}
+	}
+}
+
+func TestHistoryMemoryIsBounded(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	if h.Capacity() != 3601 {
+		t.Fatalf("capacity %d, want 3601 samples for one hour at 1 s", h.Capacity())
+	}
+	const added = 10000
+	for i := range added {
+		h.Add("a", t0.Add(time.Duration(i)*time.Second), Scrape{Engines: []EngineStats{counters(0, float64(i), 50)}})
+	}
+	ring := h.series[Source{Target: "a", Engine: 0}]
+	if len(ring.samples) != h.Capacity() || cap(ring.samples) != h.Capacity() {
+		t.Fatalf("ring holds %d samples in %d slots, want %d", len(ring.samples), cap(ring.samples), h.Capacity())
+	}
+	points := h.Series(time.Second, WholeTarget("a"))
+	if len(points) != h.Capacity()-1 {
+		t.Fatalf("%d points, want %d", len(points), h.Capacity()-1)
+	}
+	if first := t0.Add(time.Duration(added-h.Capacity()+1) * time.Second); !points[0].At.Equal(first) {
+		t.Errorf("oldest point at %v, want %v", points[0].At, first)
+	}
+	if last := points[len(points)-1]; !last.At.Equal(t0.Add((added-1)*time.Second)) || !near(last.PromptPerSec, 100) {
+		t.Errorf("newest point %+v", last)
+	}
+}
+
+func TestSeriesAggregatesTargetsPerStep(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	for i := range 11 {
+		at := t0.Add(time.Duration(i) * time.Second)
+		n := float64(i)
+		h.Add("a", at, Scrape{Engines: []EngineStats{counters(0, n, 60), counters(1, 2*n, 60)}})
+		h.Add("b", at, Scrape{Engines: []EngineStats{counters(0, n, 100)}})
+	}
+	fleet := []Source{WholeTarget("a"), WholeTarget("b"), {Target: "a", Engine: 1}} // overlap must not double count
+	points := h.Series(5*time.Second, fleet...)
+	// Intervals ending at 1..4 s, 5..9 s and 10 s fall in steps 0, 5 and 10.
+	if len(points) != 3 {
+		t.Fatalf("%d points, want 3: %+v", len(points), points)
+	}
+	for i, p := range points {
+		if !p.At.Equal(t0.Add(time.Duration(5*i) * time.Second)) {
+			t.Errorf("point %d at %v", i, p.At)
+		}
+		// a/0: 100 prompt, 60 cached; a/1: 200, 120; b/0: 100, 100.
+		if !near(p.PromptPerSec, 400) || !near(p.CachedPerSec, 280) || !near(p.ComputedPerSec, 120) || !near(p.GenPerSec, 40) {
+			t.Errorf("point %d: %+v", i, p)
+		}
+	}
+	r, _ := h.Rates(t0.Add(10*time.Second), time.Minute, Source{Target: "a", Engine: 1})
+	if !near(r.PromptPerSec, 200) {
+		t.Errorf("engine a/1 prompt rate %v, want 200", r.PromptPerSec)
+	}
+
+	h.Forget("a")
+	if r, _ := h.Rates(t0.Add(10*time.Second), time.Minute, fleet...); !near(r.PromptPerSec, 100) {
+		t.Errorf("after Forget(a), fleet prompt rate %v, want b's 100", r.PromptPerSec)
+	}
+}
+
+func TestHistoryIgnoresOutOfOrderSamples(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	h.Add("a", t0, Scrape{Engines: []EngineStats{counters(0, 0, 0)}})
+	h.Add("a", t0.Add(2*time.Second), Scrape{Engines: []EngineStats{counters(0, 2, 0)}})
+	h.Add("a", t0.Add(time.Second), Scrape{Engines: []EngineStats{counters(0, 100, 0)}}) // late, ignored
+	h.Add("a", t0.Add(2*time.Second), Scrape{Engines: []EngineStats{counters(0, 100, 0)}}) // same time, ignored
+	r, _ := h.Rates(t0.Add(2*time.Second), time.Minute, WholeTarget("a"))
+	if !near(r.PromptPerSec, 100) {
+		t.Errorf("prompt rate %v, want 100", r.PromptPerSec)
+	}
+}

@@ -1,0 +1,219 @@
+package metricsfeed
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// observation is one callback of a Poller.
+type observation struct {
+	target string
+	health bool // an OnHealth call, else OnScrape
+	scrape Scrape
+	err    error
+}
+
+// recorder collects a Poller's callbacks.
+type recorder struct {
+	mu   sync.Mutex
+	seen []observation
+	ch   chan observation
+}
+
+func newRecorder() *recorder { return &recorder{ch: make(chan observation, 1000)} }
+
+func (r *recorder) config(cfg PollerConfig) PollerConfig {
+	cfg.OnScrape = func(target string, _ time.Time, s Scrape, err error) {
+		r.record(observation{target: target, scrape: s, err: err})
+	}
+	cfg.OnHealth = func(target string, _ time.Time, err error) {
+		r.record(observation{target: target, health: true, err: err})
+	}
+	return cfg
+}
+
+func (r *recorder) record(o observation) {
+	r.mu.Lock()
+	r.seen = append(r.seen, o)
+	r.mu.Unlock()
+	select {
+	case r.ch <- o:
+	default:
+	}
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+func (r *recorder) since(n int) []observation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]observation(nil), r.seen[n:]...)
+}
+
+// await returns the first observation matching want, failing after 5 s.
+func (r *recorder) await(t *testing.T, what string, want func(observation) bool) observation {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case o := <-r.ch:
+			if want(o) {
+				return o
+			}
+		case <-deadline:
+			t.Fatalf("no %s within 5s", what)
+		}
+	}
+}
+
+// startPoller runs p until the test ends and returns a function that stops
+// it and waits for Run to return.
+func startPoller(t *testing.T, p *Poller) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Run did not return within 5s of cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func TestPollerReportsScrapesAndHealth(t *testing.T) {
+	f := newFakeVLLM(t)
+	f.running.Store(7)
+	rec := newRecorder()
+	p := NewPoller(rec.config(PollerConfig{Interval: 20 * time.Millisecond, Client: f.srv.Client()}), []string{f.srv.URL})
+	startPoller(t, p)
+
+	o := rec.await(t, "scrape", func(o observation) bool { return !o.health })
+	if o.err != nil || o.target != f.srv.URL || o.scrape.Engines[0].Running != 7 {
+		t.Fatalf("first scrape: %+v %v", o, o.err)
+	}
+	rec.await(t, "ok health", func(o observation) bool { return o.health && o.err == nil })
+
+	f.healthStatus.Store(http.StatusServiceUnavailable)
+	f.running.Store(9)
+	o = rec.await(t, "503 health", func(o observation) bool { return o.health && o.err != nil })
+	var status *StatusError
+	if !errors.As(o.err, &status) || status.Code != 503 {
+		t.Errorf("health error %v, want status 503", o.err)
+	}
+	rec.await(t, "new scrape", func(o observation) bool { return !o.health && o.err == nil && o.scrape.Engines[0].Running == 9 })
+
+	st, ok := p.Status(f.srv.URL)
+	if !ok || st.Err != nil || st.ScrapedAt.IsZero() || st.HealthErr == nil {
+		t.Errorf("Status = %+v, %v; want a successful scrape and a failed health probe", st, ok)
+	}
+}
+
+func TestPollerTimeoutKeepsLastGoodScrape(t *testing.T) {
+	f := newFakeVLLM(t)
+	rec := newRecorder()
+	p := NewPoller(rec.config(PollerConfig{Interval: 50 * time.Millisecond, Timeout: 30 * time.Millisecond, Client: f.srv.Client()}), []string{f.srv.URL})
+	startPoller(t, p)
+	rec.await(t, "good scrape", func(o observation) bool { return !o.health && o.err == nil })
+
+	f.metricsDelay.Store(int64(time.Second))
+	o := rec.await(t, "timed-out scrape", func(o observation) bool { return !o.health && o.err != nil })
+	if !errors.Is(o.err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want a deadline error", o.err)
+	}
+	st, _ := p.Status(f.srv.URL)
+	if st.Err == nil || st.ScrapedAt.IsZero() || len(st.Scrape.Engines) != 1 || !st.AttemptAt.After(st.ScrapedAt) {
+		t.Errorf("Status after a timeout = %+v; want the error and the last good scrape", st)
+	}
+}
+
+func TestPollerReplacesTargets(t *testing.T) {
+	a, b := newFakeVLLM(t), newFakeVLLM(t)
+	rec := newRecorder()
+	p := NewPoller(rec.config(PollerConfig{Interval: 20 * time.Millisecond}), []string{a.srv.URL})
+	startPoller(t, p)
+	rec.await(t, "scrape of A", func(o observation) bool { return o.target == a.srv.URL })
+
+	p.SetTargets([]string{b.srv.URL, b.srv.URL})
+	mark := rec.count()
+	hitsOfA := a.metricsHits.Load()
+	rec.await(t, "scrape of B", func(o observation) bool { return o.target == b.srv.URL && !o.health })
+	time.Sleep(100 * time.Millisecond) // several intervals
+
+	for _, o := range rec.since(mark) {
+		if o.target == a.srv.URL {
+			t.Fatalf("callback for removed target A after SetTargets returned: %+v", o)
+		}
+	}
+	// A request cancelled by SetTargets may still reach A's handler; a live
+	// poller would have polled A about five more times.
+	if extra := a.metricsHits.Load() - hitsOfA; extra > 1 {
+		t.Errorf("A was polled %d more times after its removal", extra)
+	}
+	if _, ok := p.Status(a.srv.URL); ok {
+		t.Error("Status of removed target A still kept")
+	}
+	if got := p.Targets(); len(got) != 1 || got[0] != b.srv.URL {
+		t.Errorf("Targets() = %v, want [B] once", got)
+	}
+}
+
+func TestPollerStopsCleanly(t *testing.T) {
+	f := newFakeVLLM(t)
+	f.metricsDelay.Store(int64(10 * time.Second)) // a poll is in flight when we stop
+	transport := &http.Transport{}
+	client := &http.Client{Transport: transport}
+	baseline := runtime.NumGoroutine()
+
+	rec := newRecorder()
+	p := NewPoller(rec.config(PollerConfig{Interval: 20 * time.Millisecond, Timeout: 5 * time.Second, Client: client}), []string{f.srv.URL})
+	stop := startPoller(t, p)
+	for f.metricsHits.Load() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := p.Run(ctx); err != ErrRunning {
+		t.Errorf("second Run = %v, want ErrRunning", err)
+	}
+
+	start := time.Now()
+	stop()
+	if elapsed := time.Since(start); elapsed > time.Second {
+		t.Errorf("Run took %v to return with a poll in flight", elapsed)
+	}
+	mark := rec.count()
+	time.Sleep(60 * time.Millisecond)
+	if extra := rec.since(mark); len(extra) > 0 {
+		t.Errorf("callbacks after Run returned: %+v", extra)
+	}
+
+	transport.CloseIdleConnections()
+	deadline := time.Now().Add(3 * time.Second)
+	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > baseline {
+		t.Errorf("%d goroutines after stop, %d before start", n, baseline)
+	}
+}
