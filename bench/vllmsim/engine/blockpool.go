@@ -1,0 +1,104 @@
+package engine
+
+// noBlock marks the end of the free queue and an unlinked block.
+const noBlock = -1
+
+// blockPool is vLLM V1's BlockPool: a fixed set of KV blocks, a free queue ordered by eviction
+// priority (head evicted first), and a map from block hash to the cached block holding it.
+// A free block keeps its hash and stays a cache hit until it is reused for something else.
+type blockPool struct {
+	refs       []int32  // requests using each block
+	hashes     []uint64 // content hash of each block; 0 when it caches nothing
+	prev, next []int32  // free queue links
+	head, tail int32
+	numFree    int
+	cached     map[uint64]int32
+}
+
+func newBlockPool(numBlocks int) *blockPool {
+	p := &blockPool{
+		refs:   make([]int32, numBlocks),
+		hashes: make([]uint64, numBlocks),
+		prev:   make([]int32, numBlocks),
+		next:   make([]int32, numBlocks),
+		head:   noBlock,
+		tail:   noBlock,
+		cached: make(map[uint64]int32, numBlocks),
+	}
+	for b := range numBlocks {
+		p.pushFree(int32(b))
+	}
+	return p
+}
+
+// pushFree appends a block to the tail of the free queue (evicted last).
+func (p *blockPool) pushFree(b int32) {
+	p.prev[b], p.next[b] = p.tail, noBlock
+	if p.tail == noBlock {
+		p.head = b
+	} else {
+		p.next[p.tail] = b
+	}
+	p.tail = b
+	p.numFree++
+}
+
+// unlinkFree takes a block out of the free queue, wherever it is.
+func (p *blockPool) unlinkFree(b int32) {
+	if p.prev[b] == noBlock {
+		p.head = p.next[b]
+	} else {
+		p.next[p.prev[b]] = p.next[b]
+	}
+	if p.next[b] == noBlock {
+		p.tail = p.prev[b]
+	} else {
+		p.prev[p.next[b]] = p.prev[b]
+	}
+	p.prev[b], p.next[b] = noBlock, noBlock
+	p.numFree--
+}
+
+// allocate takes the least recently freed block for a new use, evicting what it cached.
+func (p *blockPool) allocate() int32 {
+	b := p.head
+	p.unlinkFree(b)
+	if h := p.hashes[b]; h != 0 {
+		delete(p.cached, h)
+		p.hashes[b] = 0
+	}
+	p.refs[b] = 1
+	return b
+}
+
+// touch adds a user to a cached block found by a prefix hit, taking it off the free queue.
+func (p *blockPool) touch(b int32) {
+	if p.refs[b] == 0 {
+		p.unlinkFree(b)
+	}
+	p.refs[b]++
+}
+
+// release drops one user of a block; a block nobody uses joins the free queue's tail.
+func (p *blockPool) release(b int32) {
+	p.refs[b]--
+	if p.refs[b] == 0 {
+		p.pushFree(b)
+	}
+}
+
+// cache records that block b holds the content with hash h. If another block already holds
+// it, b stays uncached: one copy is enough to serve hits.
+func (p *blockPool) cache(b int32, h uint64) {
+	if _, dup := p.cached[h]; dup {
+		return
+	}
+	p.cached[h] = b
+	p.hashes[b] = h
+}
+
+// lookup returns the cached block holding hash h.
+func (p *blockPool) lookup(h uint64) (int32, bool) {
+	b, ok := p.cached[h]
+	return b, ok
+}

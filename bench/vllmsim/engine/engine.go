@@ -1,0 +1,404 @@
+// Package engine models one vLLM V1 engine (one data-parallel rank) closely enough to measure
+// prefix-cache routing without a GPU: continuous batching with chunked prefill under
+// max_num_seqs and a per-step token budget, a paged KV cache with prefix caching by chained
+// block hashes and LRU eviction, preemption by recomputation, and the counters vLLM exports.
+//
+// The engine owns no clock and no goroutines. The caller passes its own notion of "now" (the
+// time since any epoch it likes, virtual or scaled wall time) to Add and Step; Step says how
+// long the step takes, and the caller makes that much time pass before it delivers the events
+// and calls Step again. The same sequence of calls always gives the same results.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// FinishReason says why a request stopped, with vLLM's names as String values.
+type FinishReason uint8
+
+// The finish reasons, in the order vLLM declares them.
+const (
+	NotFinished  FinishReason = iota // still waiting or running
+	FinishStop                       // the reply ended before max_tokens
+	FinishLength                     // max_tokens was reached
+	FinishAbort                      // the caller aborted it
+	numFinishReasons
+)
+
+// FinishReasons lists the reasons a finished request can have, for exporting counters.
+var FinishReasons = []FinishReason{FinishStop, FinishLength, FinishAbort}
+
+// String returns vLLM's label value for the reason.
+func (f FinishReason) String() string {
+	switch f {
+	case FinishStop:
+		return "stop"
+	case FinishLength:
+		return "length"
+	case FinishAbort:
+		return "abort"
+	}
+	return ""
+}
+
+type requestState uint8
+
+const (
+	stateNew requestState = iota
+	stateWaiting
+	stateRunning
+	stateFinished
+)
+
+// Request is one generation request. The caller fills the exported fields above the line;
+// the engine fills the ones below it.
+type Request struct {
+	// ID names the request for the caller; the engine does not read it.
+	ID string
+	// Prompt is the prompt's token ids.
+	Prompt []uint32
+	// MaxTokens is the most tokens the request may generate (the client's max_tokens).
+	MaxTokens int
+	// Output is the reply the model would give, token by token. The engine generates
+	// min(MaxTokens, len(Output)) tokens: finish reason "length" if that is MaxTokens,
+	// "stop" otherwise.
+	Output []uint32
+
+	// Arrival is the time of Add.
+	Arrival time.Duration
+	// CachedTokens is the prompt's prefix-cache hit, in tokens, when first scheduled.
+	CachedTokens int
+	// Preemptions counts how often the request lost its KV blocks and was recomputed.
+	Preemptions int
+	// Generated counts the tokens generated so far.
+	Generated int
+	// FinishReason is set when the request ends.
+	FinishReason FinishReason
+
+	state           requestState
+	scheduledOnce   bool
+	numComputed     int      // tokens whose KV has been computed
+	blocks          []int32  // KV blocks, in token order
+	numCachedBlocks int      // leading blocks registered in the prefix cache
+	blockHashes     []uint64 // chained hashes of the full blocks of known tokens
+}
+
+func (r *Request) numTokens() int { return len(r.Prompt) + r.Generated }
+
+func (r *Request) token(i int) uint32 {
+	if i < len(r.Prompt) {
+		return r.Prompt[i]
+	}
+	return r.Output[i-len(r.Prompt)]
+}
+
+// outputLen is how many tokens the request will generate.
+func (r *Request) outputLen() int { return min(r.MaxTokens, len(r.Output)) }
+
+// blockHash returns the hash of full block b, hashing each block once, chained on its parent.
+func (r *Request) blockHash(b, blockSize int) uint64 {
+	for n := len(r.blockHashes); n <= b; n++ {
+		parent := uint64(0)
+		if n > 0 {
+			parent = r.blockHashes[n-1]
+		}
+		h := parent ^ 0x9e3779b97f4a7c15
+		for i := n * blockSize; i < (n+1)*blockSize; i++ {
+			h = (h ^ uint64(r.token(i))) * 0x100000001b3
+		}
+		h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9
+		h = (h ^ (h >> 27)) * 0x94d049bb133111eb
+		r.blockHashes = append(r.blockHashes, (h^(h>>31))|1) // never 0, which means "no hash"
+	}
+	return r.blockHashes[b]
+}
+
+// Event reports the token a request generated in a step. It becomes visible at the end of
+// the step.
+type Event struct {
+	// Req is the request that generated the token.
+	Req *Request
+	// Token is the generated token id.
+	Token uint32
+	// First is set on the request's first token (the end of its time to first token).
+	First bool
+	// Finished is set on the request's last token; Req.FinishReason says why.
+	Finished bool
+}
+
+type scheduledRequest struct {
+	req       *Request
+	newTokens int
+}
+
+// Engine is one simulated vLLM engine. It is not safe for concurrent use.
+type Engine struct {
+	profile   Profile
+	pool      *blockPool
+	waiting   []*Request // FCFS; preempted requests go back to the front
+	running   []*Request // in admission order; the last is preempted first
+	counters  Stats
+	scheduled []scheduledRequest // scratch, reused every step
+	hits      []int32            // scratch, reused every step
+	events    []Event            // returned by Step, reused every step
+}
+
+// New returns an idle engine with an empty KV cache.
+func New(p Profile) (*Engine, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{profile: p, pool: newBlockPool(p.NumGPUBlocks)}, nil
+}
+
+// Profile returns the profile the engine was built with.
+func (e *Engine) Profile() Profile { return e.profile }
+
+// Add queues a request that arrives at time now.
+func (e *Engine) Add(r *Request, now time.Duration) error {
+	switch {
+	case r.state != stateNew:
+		return errors.New("request was already added")
+	case len(r.Prompt) == 0:
+		return errors.New("prompt is empty")
+	case r.MaxTokens < 1 || len(r.Output) == 0:
+		return errors.New("request must generate at least one token")
+	case len(r.Prompt)+r.outputLen() > e.profile.MaxModelLen:
+		return fmt.Errorf("this model's maximum context length is %d tokens, and the request has %d input tokens and asks for %d output tokens",
+			e.profile.MaxModelLen, len(r.Prompt), r.outputLen())
+	}
+	r.Arrival = now
+	r.state = stateWaiting
+	e.waiting = append(e.waiting, r)
+	return nil
+}
+
+// Abort removes a waiting or running request and frees its blocks (a client that went away).
+// It reports whether the request was still in the engine.
+func (e *Engine) Abort(r *Request) bool {
+	switch r.state {
+	case stateWaiting:
+		e.waiting = removeRequest(e.waiting, r)
+	case stateRunning:
+		e.running = removeRequest(e.running, r)
+	default:
+		return false
+	}
+	e.finish(r, FinishAbort)
+	return true
+}
+
+func removeRequest(queue []*Request, r *Request) []*Request {
+	for i, q := range queue {
+		if q == r {
+			return append(queue[:i], queue[i+1:]...)
+		}
+	}
+	return queue
+}
+
+// Step schedules and runs one engine step starting at time now. It returns the step's
+// duration and the tokens generated in it, which become visible at now+duration. The
+// returned slice is reused by the next call. With no work, Step returns 0 and no events.
+func (e *Engine) Step(now time.Duration) (time.Duration, []Event) {
+	e.events = e.events[:0]
+	e.schedule()
+	if len(e.scheduled) == 0 {
+		return 0, nil
+	}
+	prefillTokens, contextTokens := 0, 0
+	for _, s := range e.scheduled {
+		r := s.req
+		contextTokens += r.numComputed
+		if r.Generated == 0 || r.numComputed < r.numTokens()-1 {
+			prefillTokens += s.newTokens
+		}
+	}
+	dur := e.profile.StepTime(prefillTokens, contextTokens)
+	end := now + dur
+	finished := false
+	for _, s := range e.scheduled {
+		r := s.req
+		r.numComputed += s.newTokens
+		if r.numComputed < r.numTokens() {
+			continue // one chunk of a longer prefill: no token yet
+		}
+		ev := Event{Req: r, Token: r.Output[r.Generated], First: r.Generated == 0}
+		r.Generated++
+		e.counters.GenerationTokens++
+		if ev.First {
+			e.counters.PromptTokens += uint64(len(r.Prompt))
+			e.counters.PromptTokensCached += uint64(r.CachedTokens)
+			e.counters.TTFT.observe((end - r.Arrival).Seconds())
+		}
+		if r.Generated == r.outputLen() {
+			reason := FinishStop
+			if r.Generated == r.MaxTokens {
+				reason = FinishLength
+			}
+			e.finish(r, reason)
+			ev.Finished, finished = true, true
+		}
+		e.events = append(e.events, ev)
+	}
+	if finished {
+		e.running = dropFinished(e.running)
+	}
+	return dur, e.events
+}
+
+func dropFinished(running []*Request) []*Request {
+	kept := running[:0]
+	for _, r := range running {
+		if r.state != stateFinished {
+			kept = append(kept, r)
+		}
+	}
+	clear(running[len(kept):])
+	return kept
+}
+
+// schedule fills e.scheduled the way vLLM V1's scheduler does with FCFS policy: running
+// requests first, each taking what it needs of the token budget, preempting the newest running
+// request when the KV cache is full; then, if nothing was preempted, waiting requests in order
+// while a sequence slot, budget and blocks remain (blocks for the whole prompt when
+// ReserveFullPrompt is set, for the first chunk otherwise).
+func (e *Engine) schedule() {
+	e.scheduled = e.scheduled[:0]
+	budget := e.profile.MaxNumBatchedTokens
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		r := e.running[i]
+		newTokens := min(r.numTokens()-r.numComputed, budget)
+		for !e.allocateSlots(r, nil, newTokens) {
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == r {
+				return
+			}
+		}
+		e.scheduled = append(e.scheduled, scheduledRequest{r, newTokens})
+		budget -= newTokens
+	}
+	if preempted {
+		return
+	}
+	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.profile.MaxNumSeqs {
+		r := e.waiting[0]
+		hits := e.cachedPrefix(r)
+		newTokens := min(r.numTokens()-len(hits)*e.profile.BlockSize, budget)
+		if e.profile.ReserveFullPrompt && !e.fits(r.numTokens(), hits) || !e.allocateSlots(r, hits, newTokens) {
+			return // the head of the queue waits for blocks; so does everyone behind it
+		}
+		if r.Preemptions == 0 {
+			// Counted at admission, once per request (vLLM PR #48860); resumed requests
+			// go to separate counters vLLM does not export.
+			e.counters.PrefixCacheQueries += uint64(r.numTokens())
+			e.counters.PrefixCacheHits += uint64(len(hits) * e.profile.BlockSize)
+		}
+		e.waiting[0] = nil
+		e.waiting = e.waiting[1:]
+		r.state = stateRunning
+		e.running = append(e.running, r)
+		if !r.scheduledOnce {
+			r.scheduledOnce = true
+			r.CachedTokens = r.numComputed
+		}
+		e.scheduled = append(e.scheduled, scheduledRequest{r, newTokens})
+		budget -= newTokens
+	}
+}
+
+// cachedPrefix finds the longest run of r's leading full blocks in the prefix cache, leaving at
+// least one token to compute (its logits give the next token).
+func (e *Engine) cachedPrefix(r *Request) []int32 {
+	bs := e.profile.BlockSize
+	e.hits = e.hits[:0]
+	for b := range (r.numTokens() - 1) / bs {
+		blk, ok := e.pool.lookup(r.blockHash(b, bs))
+		if !ok {
+			break
+		}
+		e.hits = append(e.hits, blk)
+	}
+	return e.hits
+}
+
+// fits reports whether the blocks for tokens tokens, after the prefix hit, are free now.
+func (e *Engine) fits(tokens int, hits []int32) bool {
+	bs := e.profile.BlockSize
+	return e.blocksToTake(hits, (tokens+bs-1)/bs-len(hits)) <= e.pool.numFree
+}
+
+// blocksToTake counts the free blocks that taking hits plus newBlocks new blocks uses up: a hit
+// on a free but cached block takes it off the free queue too.
+func (e *Engine) blocksToTake(hits []int32, newBlocks int) int {
+	for _, b := range hits {
+		if e.pool.refs[b] == 0 {
+			newBlocks++
+		}
+	}
+	return newBlocks
+}
+
+// allocateSlots mirrors vLLM's KVCacheManager.allocate_slots: it takes the prefix-hit blocks
+// and enough new blocks for newTokens more tokens, or changes nothing and returns false when
+// the free queue cannot supply them. Blocks that become full of known tokens enter the prefix
+// cache right away, so a request scheduled later in the same step can hit them.
+func (e *Engine) allocateSlots(r *Request, hits []int32, newTokens int) bool {
+	bs := e.profile.BlockSize
+	computed := r.numComputed + len(hits)*bs
+	needed := max(0, (computed+newTokens+bs-1)/bs-len(r.blocks)-len(hits))
+	if e.blocksToTake(hits, needed) > e.pool.numFree {
+		return false
+	}
+	for _, b := range hits {
+		e.pool.touch(b)
+		r.blocks = append(r.blocks, b)
+	}
+	r.numCachedBlocks += len(hits)
+	r.numComputed = computed
+	for range needed {
+		r.blocks = append(r.blocks, e.pool.allocate())
+	}
+	full := min(computed+newTokens, r.numTokens()) / bs
+	for b := r.numCachedBlocks; b < full; b++ {
+		e.pool.cache(r.blocks[b], r.blockHash(b, bs))
+	}
+	r.numCachedBlocks = max(r.numCachedBlocks, full)
+	return true
+}
+
+// preempt frees a running request's blocks and puts it back at the front of the queue, to be
+// recomputed (mostly from its own still-cached blocks) when it is scheduled again.
+func (e *Engine) preempt(r *Request) {
+	e.freeBlocks(r)
+	r.state = stateWaiting
+	r.Preemptions++
+	e.counters.Preemptions++
+	e.waiting = append(e.waiting, nil)
+	copy(e.waiting[1:], e.waiting)
+	e.waiting[0] = r
+}
+
+func (e *Engine) finish(r *Request, reason FinishReason) {
+	e.freeBlocks(r)
+	r.state = stateFinished
+	r.FinishReason = reason
+	e.counters.RequestSuccess[reason]++
+}
+
+// freeBlocks releases a request's blocks tail first, so that its last blocks are evicted
+// before its first ones (which other requests are likelier to share), as vLLM does.
+func (e *Engine) freeBlocks(r *Request) {
+	for i := len(r.blocks) - 1; i >= 0; i-- {
+		e.pool.release(r.blocks[i])
+	}
+	r.blocks = r.blocks[:0]
+	r.numComputed = 0
+	r.numCachedBlocks = 0
+}

@@ -1,0 +1,104 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+)
+
+// Profile holds every number the engine model needs: scheduler limits, KV cache geometry and
+// the step-time model of one GPU running one model.
+type Profile struct {
+	// Name identifies the profile (a key of Profiles for the built-in ones).
+	Name string
+	// MaxNumSeqs caps the requests running at once (vLLM --max-num-seqs).
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the token budget of one step (vLLM --max-num-batched-tokens).
+	MaxNumBatchedTokens int
+	// NumGPUBlocks is the number of KV cache blocks.
+	NumGPUBlocks int
+	// BlockSize is the number of tokens per KV cache block.
+	BlockSize int
+	// MaxModelLen caps prompt plus output tokens of one request.
+	MaxModelLen int
+	// GPUMemoryUtilization is reported in cache_config_info; it does not change the model.
+	GPUMemoryUtilization float64
+	// ReserveFullPrompt admits a waiting request only when its whole prompt fits in the free
+	// blocks, not just its first chunk (vLLM's scheduler_reserve_full_isl, on by default).
+	ReserveFullPrompt bool
+
+	// StepOverhead is the fixed cost of every step (scheduling, kernel launches, sampling).
+	StepOverhead time.Duration
+	// PrefillTokenCost is the compute cost of each prompt (or recomputed) token in a step.
+	PrefillTokenCost time.Duration
+	// WeightsBytes is read from GPU memory once per step.
+	WeightsBytes float64
+	// KVBytesPerToken is read once per step for every context token of every scheduled request.
+	KVBytesPerToken float64
+	// MemBandwidth is the GPU memory bandwidth in bytes per second.
+	MemBandwidth float64
+	// MemEfficiency is the share of MemBandwidth a step achieves (0..1].
+	MemEfficiency float64
+}
+
+// Profiles are the built-in profiles by name.
+var Profiles = map[string]Profile{
+	// 1 x RTX A4000 16 GiB running Qwen3-4B-Instruct-2507 in bf16 with vLLM defaults and
+	// max_num_seqs 32, as in the seed's measurements (DESIGN §5).
+	"a4000-qwen3-4b": {
+		Name:                 "a4000-qwen3-4b",
+		MaxNumSeqs:           32,
+		MaxNumBatchedTokens:  2048,
+		NumGPUBlocks:         2500,
+		BlockSize:            16,
+		MaxModelLen:          32768,
+		GPUMemoryUtilization: 0.9,
+		ReserveFullPrompt:    true,
+		StepOverhead:         2 * time.Millisecond,
+		PrefillTokenCost:     190 * time.Microsecond,
+		WeightsBytes:         8.05e9,
+		KVBytesPerToken:      2 * 36 * 8 * 128 * 2,
+		MemBandwidth:         448e9,
+		MemEfficiency:        0.8,
+	},
+}
+
+// DefaultProfile is the name of the profile used when none is chosen.
+const DefaultProfile = "a4000-qwen3-4b"
+
+// KVCapacityTokens is how many tokens the KV cache holds.
+func (p Profile) KVCapacityTokens() int {
+	return p.NumGPUBlocks * p.BlockSize
+}
+
+// StepTime is the duration of a step that computes prefillTokens prompt tokens and reads the
+// KV of contextTokens tokens: fixed overhead, plus prefill compute, plus the memory-bound pass
+// over the weights and the KV cache.
+func (p Profile) StepTime(prefillTokens, contextTokens int) time.Duration {
+	memSeconds := (p.WeightsBytes + float64(contextTokens)*p.KVBytesPerToken) / (p.MemBandwidth * p.MemEfficiency)
+	return p.StepOverhead + time.Duration(prefillTokens)*p.PrefillTokenCost + time.Duration(memSeconds*float64(time.Second))
+}
+
+// Validate reports the first setting that cannot describe a working engine.
+func (p Profile) Validate() error {
+	switch {
+	case p.MaxNumSeqs < 1:
+		return fmt.Errorf("max_num_seqs must be at least 1, got %d", p.MaxNumSeqs)
+	case p.MaxNumBatchedTokens < 1:
+		return fmt.Errorf("max_num_batched_tokens must be at least 1, got %d", p.MaxNumBatchedTokens)
+	case p.BlockSize < 1:
+		return fmt.Errorf("block_size must be at least 1, got %d", p.BlockSize)
+	case p.NumGPUBlocks < 1:
+		return fmt.Errorf("num_gpu_blocks must be at least 1, got %d", p.NumGPUBlocks)
+	case p.MaxModelLen < 2:
+		return fmt.Errorf("max_model_len must be at least 2, got %d", p.MaxModelLen)
+	case p.MaxModelLen > p.KVCapacityTokens():
+		// vLLM refuses to start in this case too: one request could never fit.
+		return fmt.Errorf("max_model_len %d exceeds the KV cache capacity of %d tokens (%d blocks of %d)",
+			p.MaxModelLen, p.KVCapacityTokens(), p.NumGPUBlocks, p.BlockSize)
+	case p.MemBandwidth <= 0 || p.MemEfficiency <= 0 || p.MemEfficiency > 1:
+		return fmt.Errorf("memory bandwidth %g B/s at efficiency %g is not usable", p.MemBandwidth, p.MemEfficiency)
+	case p.StepOverhead < 0 || p.PrefillTokenCost < 0 || p.WeightsBytes < 0 || p.KVBytesPerToken < 0:
+		return fmt.Errorf("step costs must not be negative")
+	}
+	return nil
+}
