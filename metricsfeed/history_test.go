@@ -157,7 +157,7 @@ func TestHistoryIgnoresOutOfOrderSamples(t *testing.T) {
 	h := NewHistory(time.Hour, time.Second)
 	h.Add("a", t0, Scrape{Engines: []EngineStats{counters(0, 0, 0)}})
 	h.Add("a", t0.Add(2*time.Second), Scrape{Engines: []EngineStats{counters(0, 2, 0)}})
-	h.Add("a", t0.Add(time.Second), Scrape{Engines: []EngineStats{counters(0, 100, 0)}}) // late, ignored
+	h.Add("a", t0.Add(time.Second), Scrape{Engines: []EngineStats{counters(0, 100, 0)}})   // late, ignored
 	h.Add("a", t0.Add(2*time.Second), Scrape{Engines: []EngineStats{counters(0, 100, 0)}}) // same time, ignored
 	r, _ := h.Rates(t0.Add(2*time.Second), time.Minute, WholeTarget("a"))
 	if !near(r.PromptPerSec, 100) {
