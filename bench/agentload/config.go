@@ -1,0 +1,161 @@
+// Package agentload generates the seed's Claude-Code-like workload and plays it
+// against an LLM endpoint.
+//
+// It has three layers:
+//
+//   - a session model without I/O (Config, Generator, Session, Turn): a shared
+//     system prompt, a unique first message per session, then short follow-up
+//     turns that resend the whole history with the assistant's actual replies.
+//     Everything is drawn from per-session random streams, so a seed gives the
+//     same sessions whatever the timing; the virtual-time lab uses this layer
+//     directly.
+//   - an HTTP runner (Runner) that keeps N sessions busy in a closed loop over
+//     Anthropic /v1/messages or OpenAI /v1/chat/completions streaming, and
+//     records one Result per request.
+//   - summary statistics (Summarize) over a slice of Results and a time window,
+//     with the benchmark table's definitions (DESIGN §1).
+//
+// Texts are pseudo-words at BytesPerToken characters per token, matching the
+// simulator's tokenizer, which maps every 4-byte chunk of text to one token.
+package agentload
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+)
+
+// BytesPerToken is how many bytes of generated text make one token for the
+// simulator's tokenizer; every generated text is a multiple of it.
+const BytesPerToken = 4
+
+// API names the wire protocol the runner speaks.
+type API string
+
+// The protocols the runner speaks.
+const (
+	// APIAnthropic is POST /v1/messages?beta=true streaming, as Claude Code sends it.
+	APIAnthropic API = "anthropic"
+	// APIOpenAI is POST /v1/chat/completions streaming with usage in the last chunk.
+	APIOpenAI API = "openai"
+)
+
+// DefaultSessionHeader is the header Claude Code sends on every request of a session.
+const DefaultSessionHeader = "X-Claude-Code-Session-Id"
+
+// Config holds every number of the workload. Token counts are nominal; each
+// spread is relative (0.1 = ±10%, drawn uniformly). DefaultConfig returns the
+// seed's workload.
+type Config struct {
+	// SystemPromptTokens is the size of the system prompt shared by every
+	// session of a run.
+	SystemPromptTokens int
+	// SystemPromptSpread varies the shared prompt's size from seed to seed
+	// (drawn once per run).
+	SystemPromptSpread float64
+	// FirstMessageTokens is the size of each session's unique first message.
+	FirstMessageTokens int
+	// FirstMessageSpread varies the first message's size between sessions.
+	FirstMessageSpread float64
+	// Turns is the number of requests a session makes, the first included.
+	Turns int
+	// TurnsSpread varies the number of turns between sessions (at least 1).
+	TurnsSpread float64
+	// TurnTokens is the size of each new user message after the first.
+	TurnTokens int
+	// TurnTokensSpread varies each follow-up message's size.
+	TurnTokensSpread float64
+	// MaxOutputTokens is the largest max_tokens a turn asks for.
+	MaxOutputTokens int
+	// MaxOutputSpread lowers max_tokens per turn: it is drawn uniformly from
+	// [MaxOutputTokens×(1-MaxOutputSpread), MaxOutputTokens], never above it.
+	MaxOutputSpread float64
+
+	// Seed makes the whole workload reproducible.
+	Seed int64
+	// Model is sent as the request's model field.
+	Model string
+	// SessionHeader carries the session ID on every request; empty sends none.
+	SessionHeader string
+	// API selects the wire protocol.
+	API API
+}
+
+// DefaultConfig returns the seed's workload: a 3.5k-token system prompt, a
+// 7.3k-token first message, five more turns of 400 tokens, at most 256 output
+// tokens per turn, over Anthropic streaming with Claude Code's session header.
+func DefaultConfig() Config {
+	return Config{
+		SystemPromptTokens: 3500,
+		FirstMessageTokens: 7300,
+		FirstMessageSpread: 0.1,
+		Turns:              6,
+		TurnTokens:         400,
+		TurnTokensSpread:   0.1,
+		MaxOutputTokens:    256,
+		MaxOutputSpread:    0.1,
+		Seed:               1,
+		Model:              "Qwen/Qwen3-4B-Instruct-2507",
+		SessionHeader:      DefaultSessionHeader,
+		API:                APIAnthropic,
+	}
+}
+
+// Validate reports the first setting that cannot produce a workload.
+func (c Config) Validate() error {
+	var errs []error
+	for _, n := range []struct {
+		name  string
+		value int
+	}{
+		{"system prompt tokens", c.SystemPromptTokens},
+		{"first message tokens", c.FirstMessageTokens},
+		{"turns", c.Turns},
+		{"turn tokens", c.TurnTokens},
+		{"max output tokens", c.MaxOutputTokens},
+	} {
+		if n.value < 1 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1, got %d", n.name, n.value))
+		}
+	}
+	for _, s := range []struct {
+		name  string
+		value float64
+	}{
+		{"system prompt spread", c.SystemPromptSpread},
+		{"first message spread", c.FirstMessageSpread},
+		{"turns spread", c.TurnsSpread},
+		{"turn tokens spread", c.TurnTokensSpread},
+		{"max output spread", c.MaxOutputSpread},
+	} {
+		if s.value < 0 || s.value >= 1 {
+			errs = append(errs, fmt.Errorf("%s must be in [0, 1), got %g", s.name, s.value))
+		}
+	}
+	if c.API != APIAnthropic && c.API != APIOpenAI {
+		errs = append(errs, fmt.Errorf("api must be %q or %q, got %q", APIAnthropic, APIOpenAI, c.API))
+	}
+	if c.Model == "" {
+		errs = append(errs, errors.New("model must be set"))
+	}
+	return errors.Join(errs...)
+}
+
+// RegisterFlags adds one flag per workload number, plus the protocol flags
+// (api, session-header, model), with c's current values as defaults. It leaves
+// Seed to the caller, whose --seed usually drives more than the workload.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.IntVar(&c.SystemPromptTokens, "system-tokens", c.SystemPromptTokens, "tokens in the system prompt shared by all sessions")
+	fs.Float64Var(&c.SystemPromptSpread, "system-spread", c.SystemPromptSpread, "relative spread of the system prompt size (drawn once per seed)")
+	fs.IntVar(&c.FirstMessageTokens, "first-tokens", c.FirstMessageTokens, "tokens in each session's unique first message")
+	fs.Float64Var(&c.FirstMessageSpread, "first-spread", c.FirstMessageSpread, "relative spread of the first message size")
+	fs.IntVar(&c.Turns, "turns", c.Turns, "requests per session, the first included")
+	fs.Float64Var(&c.TurnsSpread, "turns-spread", c.TurnsSpread, "relative spread of the number of turns")
+	fs.IntVar(&c.TurnTokens, "turn-tokens", c.TurnTokens, "new tokens per follow-up turn")
+	fs.Float64Var(&c.TurnTokensSpread, "turn-spread", c.TurnTokensSpread, "relative spread of the follow-up size")
+	fs.IntVar(&c.MaxOutputTokens, "max-output-tokens", c.MaxOutputTokens, "largest max_tokens per turn")
+	fs.Float64Var(&c.MaxOutputSpread, "output-spread", c.MaxOutputSpread, "max_tokens is drawn from [max×(1-spread), max]")
+	fs.StringVar(&c.Model, "model", c.Model, "model name sent in requests")
+	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "header carrying the session ID (empty: none)")
+	fs.StringVar((*string)(&c.API), "api", string(c.API), "wire protocol: anthropic or openai")
+}
