@@ -1,11 +1,5 @@
-// Package caddymodule holds the Caddy adapters of warden.
+// Package caddymodule is the Caddy side of warden: the `warden` app (global
+// option), the `warden` reverse_proxy selection policy, the admin API routes
+// and the Prometheus collector. Routing decisions live in package selection;
+// this package only adapts them to Caddy.
 package caddymodule
-
-import (
-	_ "github.com/caddyserver/caddy/v2"
-	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	_ "github.com/prometheus/client_golang/prometheus"
-	_ "github.com/prometheus/common/expfmt"
-	_ "github.com/dustin/go-humanize"
-	_ "go.uber.org/zap"
-)

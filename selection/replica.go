@@ -28,6 +28,10 @@ type Load struct {
 	// Known is false when the metrics are missing, stale or invalid: the
 	// replica is then scored as full, never as idle.
 	Known bool
+
+	// external is the part of running+waiting that did not come through
+	// this router, estimated when the load is recorded.
+	external float64
 }
 
 // unknownLoad is how a replica without fresh metrics is scored.
@@ -65,16 +69,21 @@ func (s *replicaState) usable() bool {
 	return s.healthy.Load() && !s.removed.Load()
 }
 
-// busy is the number of requests the replica is working on: our own in-flight
-// count, which is exact and current, or the engine's running+waiting when
-// other clients load it too.
-func (s *replicaState) busy() float64 {
-	l := s.load.Load()
-	own := float64(s.inFlight.Load())
-	if !l.Known {
-		return own
+// setLoad records a scrape. The engine's running+waiting beyond our own
+// in-flight count at that moment is traffic from other clients.
+func (s *replicaState) setLoad(l Load) {
+	if l.Known {
+		l.external = math.Max(0, l.Running+l.Waiting-float64(s.inFlight.Load()))
 	}
-	return math.Max(own, l.Running+l.Waiting)
+	s.load.Store(&l)
+}
+
+// busy is the number of requests the replica is working on: our own in-flight
+// count, exact and current, plus other clients' requests as of the last
+// scrape. Using the scrape's total instead would count requests that ended
+// since as still running.
+func (s *replicaState) busy() float64 {
+	return float64(s.inFlight.Load()) + s.load.Load().external
 }
 
 // kvUsage is the KV-cache fill, 1 when unknown.

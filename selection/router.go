@@ -176,7 +176,7 @@ func (r *Router) SpillThreshold() (n int, auto bool) {
 // SetLoad records the replica's metrics; unknown IDs are ignored.
 func (r *Router) SetLoad(id string, l Load) {
 	if s := r.fleet.Load().byID[id]; s != nil {
-		s.load.Store(&l)
+		s.setLoad(l)
 	}
 }
 

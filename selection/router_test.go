@@ -123,11 +123,11 @@ func TestSpillAboveThresholdKeepsThePin(t *testing.T) {
 
 func TestSpillStaysWhenPinIsLeastLoaded(t *testing.T) {
 	r := newTestRouter(2, Config{SpillThreshold: 1})
-	for _, rep := range r.Replicas() {
-		r.SetLoad(rep.ID, Load{Known: true, Running: 30})
-	}
 	home := id(pick(t, r, "a"))
 	pick(t, r, "a")
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, Load{Known: true, Running: 30}) // home: our 2 + 28 others
+	}
 	if d := pick(t, r, "a"); id(d) != home || d.Outcome != Sticky {
 		t.Fatalf("got %v on %s; the other replica is as busy, want sticky on %s", d.Outcome, id(d), home)
 	}
@@ -331,5 +331,36 @@ func TestHashKeyIsStableAndNonZero(t *testing.T) {
 	}
 	if HashKey("") == 0 {
 		t.Fatal("hash of empty key is 0")
+	}
+}
+
+func TestOtherClientsLoadCounts(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	busy := r.Replicas()[0].ID
+	r.SetLoad(busy, Load{Known: true, Running: 20})
+	for c := range 4 {
+		if d := pick(t, r, fmt.Sprintf("c%d", c)); id(d) == busy {
+			t.Fatalf("conversation %d placed on the replica busy with 20 requests from elsewhere", c)
+		}
+	}
+}
+
+func TestOwnFinishedRequestsDoNotLingerInLoad(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	first := r.Replicas()[0].ID
+	var held []Decision
+	for range 3 {
+		held = append(held, r.Pick(Request{ClientReplica: first, Now: t0}))
+	}
+	r.SetLoad(first, Load{Known: true, Running: 3}) // scraped while our 3 ran
+	for _, d := range held {
+		d.Release()
+	}
+	seen := map[string]bool{}
+	for range 2 {
+		seen[id(pick(t, r, ""))] = true // held
+	}
+	if len(seen) != 2 {
+		t.Fatalf("finished requests still counted as load: both went to %v", seen)
 	}
 }

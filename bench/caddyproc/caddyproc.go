@@ -1,0 +1,178 @@
+// Package caddyproc builds Caddy with the warden plugin from cmd/caddy and
+// runs it as a child process, with a small client for its admin API. The
+// integration tests and wardenbench use it to exercise the real binary.
+package caddyproc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Build compiles cmd/caddy of the module containing the working directory
+// into out.
+func Build(ctx context.Context, out string) error {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/caddy")
+	cmd.Dir = root
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building caddy: %v\n%s", err, msg)
+	}
+	return nil
+}
+
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the module: %v", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside the caddy-warden module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// FreeAddr returns a loopback address with a port that was free a moment ago.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// Process is a running Caddy.
+type Process struct {
+	// Admin is the admin API's address.
+	Admin string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // of the exit, once done is closed
+}
+
+// Start runs bin with the Caddyfile text, whose global options must set
+// `admin <admin>`, and waits until the admin API answers. Caddy's log goes
+// to logw (nil discards it).
+func Start(bin, caddyfile, admin string, logw io.Writer) (*Process, error) {
+	dir, err := os.MkdirTemp("", "warden-caddy-")
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+		return nil, err
+	}
+	if logw == nil {
+		logw = io.Discard
+	}
+	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
+	cmd.Stdout, cmd.Stderr = logw, logw
+	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir, "HOME="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Process{Admin: admin, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		os.RemoveAll(dir)
+		close(p.done)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("caddy exited at start: %v", p.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if resp, err := http.Get("http://" + admin + "/config/"); err == nil {
+			resp.Body.Close()
+			return p, nil
+		}
+	}
+	p.Stop()
+	return nil, errors.New("caddy's admin API did not answer within 30s")
+}
+
+// Pid is the Caddy process ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Stop asks Caddy to exit and kills it after 10 s.
+func (p *Process) Stop() error {
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	return nil
+}
+
+// Do sends a request to the admin API and decodes a JSON answer into out
+// (when not nil). A status other than 200 is an error with the body.
+func (p *Process) Do(method, path string, body any, out any, header ...string) error {
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, "http://"+p.Admin+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
+	}
+	if out != nil {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// Reload posts the running config back to /load, forcing a full reload
+// even though it is unchanged.
+func (p *Process) Reload() error {
+	var cfg json.RawMessage
+	if err := p.Do(http.MethodGet, "/config/", nil, &cfg); err != nil {
+		return err
+	}
+	return p.Do(http.MethodPost, "/load", []byte(cfg), nil, "Cache-Control", "must-revalidate")
+}

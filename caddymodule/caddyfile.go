@@ -1,0 +1,201 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("warden", parseGlobalOption)
+}
+
+// parseGlobalOption sets up the warden app from the global options block:
+//
+//	warden {
+//		model <name> {
+//			replicas <host:port>...          # one vLLM server per replica
+//			server <host:port> ranks <n>      # or one server with internal DP
+//			max_num_seqs <n>
+//			spill_threshold auto|<n>
+//			affinity on|off
+//			session_headers <header>...
+//			session_from_body [on|off]
+//			body_scan_bytes <n>
+//			client_pinning on|off
+//			session_ttl <duration>
+//			active_window <duration>
+//			max_sessions <n>
+//			metrics_interval <duration>
+//		}
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	app := &App{Models: map[string]*ModelConfig{}}
+	if existing != nil {
+		if err := json.Unmarshal(existing.(httpcaddyfile.App).Value, app); err != nil { // warden blocks repeated
+			return nil, err
+		}
+	}
+	d.Next() // option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		if d.Val() != "model" {
+			return nil, d.Errf("unrecognized warden option %q; expected model", d.Val())
+		}
+		var name string
+		if !d.Args(&name) {
+			return nil, d.Err("model needs a name: model <name> { ... }")
+		}
+		if _, dup := app.Models[name]; dup {
+			return nil, d.Errf("model %q declared twice", name)
+		}
+		m, err := parseModel(d)
+		if err != nil {
+			return nil, err
+		}
+		if err := m.validate(name); err != nil {
+			return nil, d.Err(err.Error())
+		}
+		app.Models[name] = m
+	}
+	return httpcaddyfile.App{Name: "warden", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
+	m := &ModelConfig{}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		var err error
+		switch opt {
+		case "replicas":
+			addrs := d.RemainingArgs()
+			if len(addrs) == 0 {
+				return nil, d.Err("replicas needs at least one host:port")
+			}
+			for _, a := range addrs {
+				m.Replicas = append(m.Replicas, ReplicaConfig{Address: a})
+			}
+		case "server":
+			m.Server, err = parseServer(d)
+		case "max_num_seqs":
+			m.MaxNumSeqs, err = positiveInt(d)
+		case "spill_threshold":
+			err = parseSpillThreshold(d, m)
+		case "affinity":
+			var on bool
+			on, err = onOff(d)
+			m.Affinity = &on
+		case "session_headers":
+			m.SessionHeaders = d.RemainingArgs()
+			if len(m.SessionHeaders) == 0 {
+				return nil, d.Err("session_headers needs at least one header name")
+			}
+		case "session_from_body":
+			m.SessionFromBody, err = optionalOnOff(d)
+		case "body_scan_bytes":
+			m.BodyScanBytes, err = positiveInt(d)
+		case "client_pinning":
+			m.ClientPinning, err = onOff(d)
+		case "session_ttl":
+			m.SessionTTL, err = duration(d)
+		case "active_window":
+			m.ActiveWindow, err = duration(d)
+		case "max_sessions":
+			m.MaxSessions, err = positiveInt(d)
+		case "metrics_interval":
+			m.MetricsInterval, err = duration(d)
+		default:
+			return nil, d.Errf("unrecognized model option %q", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if d.NextArg() {
+			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
+		}
+	}
+	return m, nil
+}
+
+func parseServer(d *caddyfile.Dispenser) (*ServerConfig, error) {
+	var addr, kw, n string
+	if !d.Args(&addr, &kw, &n) || kw != "ranks" {
+		return nil, d.Err("expected: server <host:port> ranks <n>")
+	}
+	ranks, err := strconv.Atoi(n)
+	if err != nil || ranks < 1 {
+		return nil, d.Errf("ranks: expected a positive integer, got %q", n)
+	}
+	return &ServerConfig{Address: addr, Ranks: ranks}, nil
+}
+
+func parseSpillThreshold(d *caddyfile.Dispenser, m *ModelConfig) error {
+	if !d.NextArg() {
+		return d.Err("spill_threshold: expected auto or a positive integer")
+	}
+	if d.Val() == "auto" {
+		m.SpillThreshold = 0
+		return nil
+	}
+	n, err := strconv.Atoi(d.Val())
+	if err != nil || n < 1 {
+		return d.Errf("spill_threshold: expected auto or a positive integer, got %q", d.Val())
+	}
+	m.SpillThreshold = n
+	return nil
+}
+
+func positiveInt(d *caddyfile.Dispenser) (int, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.Errf("%s: expected a positive integer", opt)
+	}
+	n, err := strconv.Atoi(d.Val())
+	if err != nil || n < 1 {
+		return 0, d.Errf("%s: expected a positive integer, got %q", opt, d.Val())
+	}
+	return n, nil
+}
+
+func onOff(d *caddyfile.Dispenser) (bool, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return false, d.Errf("%s: expected on or off", opt)
+	}
+	switch d.Val() {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, d.Errf("%s: expected on or off, got %q", opt, d.Val())
+}
+
+// optionalOnOff reads a flag that means on when given alone.
+func optionalOnOff(d *caddyfile.Dispenser) (bool, error) {
+	if d.CountRemainingArgs() == 0 {
+		return true, nil
+	}
+	return onOff(d)
+}
+
+func duration(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return 0, d.Errf("%s: expected a duration such as 30s or 5m", opt)
+	}
+	v, err := caddy.ParseDuration(d.Val())
+	if err != nil || v <= 0 {
+		return 0, d.Errf("%s: expected a positive duration such as 30s or 5m, got %q", opt, d.Val())
+	}
+	return caddy.Duration(v), nil
+}

@@ -1,0 +1,161 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// DefaultSessionHeaders are read in order; the first present names the
+// conversation. Claude Code sends the first on every request of a session.
+var DefaultSessionHeaders = []string{"X-Claude-Code-Session-Id", "X-Session-Id", "X-Session-Affinity", "Session-Id"}
+
+// ModelConfig is one model served by a fleet of vLLM replicas: either one
+// server per replica (Replicas), or one server with internal data
+// parallelism whose ranks are chosen with X-data-parallel-rank (Server).
+type ModelConfig struct {
+	// Replicas are vLLM servers, one per replica (external load balancing).
+	Replicas []ReplicaConfig `json:"replicas,omitempty"`
+	// Server is one vLLM server running --data-parallel-size Ranks engines.
+	Server *ServerConfig `json:"server,omitempty"`
+
+	// MaxNumSeqs is vLLM's --max-num-seqs per replica (default 32).
+	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
+	// SpillThreshold: in-flight requests above which a pinned replica sheds
+	// a request. 0 means auto: max_num_seqs/4.
+	SpillThreshold int `json:"spill_threshold,omitempty"`
+	// Affinity pins conversations to replicas (default true).
+	Affinity *bool `json:"affinity,omitempty"`
+
+	// SessionHeaders name the conversation, first present wins.
+	SessionHeaders []string `json:"session_headers,omitempty"`
+	// SessionFromBody also reads the session from the request body when no
+	// header names it: Anthropic metadata.user_id's session_id, or OpenAI's user.
+	SessionFromBody bool `json:"session_from_body,omitempty"`
+	// BodyScanBytes bounds how much of the body is read for it (default 64 KiB).
+	BodyScanBytes int `json:"body_scan_bytes,omitempty"`
+	// ClientPinning honours a client's X-data-parallel-rank (ranks) or
+	// X-Warden-Replica (replica ID) header; off, they are removed.
+	ClientPinning bool `json:"client_pinning,omitempty"`
+
+	// SessionTTL forgets conversations idle that long (default 30m).
+	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+	// ActiveWindow: a conversation counts as load on its replica while it
+	// sent a request this recently (default 2m).
+	ActiveWindow caddy.Duration `json:"active_window,omitempty"`
+	// MaxSessions bounds the session table (default 100000, LRU evicted).
+	MaxSessions int `json:"max_sessions,omitempty"`
+
+	// MetricsInterval is how often each server's /metrics is polled (default 1s).
+	MetricsInterval caddy.Duration `json:"metrics_interval,omitempty"`
+}
+
+// ReplicaConfig is one vLLM server serving one replica.
+type ReplicaConfig struct {
+	// Address is the host:port reverse_proxy dials.
+	Address string `json:"address"`
+}
+
+// ServerConfig is one vLLM server with internal data parallelism.
+type ServerConfig struct {
+	Address string `json:"address"`
+	// Ranks is its --data-parallel-size.
+	Ranks int `json:"ranks"`
+}
+
+const defaultBodyScanBytes = 64 << 10
+
+// validate checks the model's shape; errors name the model.
+func (c *ModelConfig) validate(name string) error {
+	switch {
+	case len(c.Replicas) == 0 && c.Server == nil:
+		return fmt.Errorf("model %q: needs replicas or a server", name)
+	case len(c.Replicas) > 0 && c.Server != nil:
+		return fmt.Errorf("model %q: replicas and server are exclusive", name)
+	case c.Server != nil && c.Server.Ranks < 1:
+		return fmt.Errorf("model %q: server %s needs ranks >= 1", name, c.Server.Address)
+	case c.MaxNumSeqs < 0, c.SpillThreshold < 0, c.MaxSessions < 0, c.BodyScanBytes < 0:
+		return fmt.Errorf("model %q: max_num_seqs, spill_threshold, max_sessions and body_scan_bytes must not be negative", name)
+	}
+	seen := map[string]bool{}
+	for _, a := range c.addresses() {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("model %q: address %q: want host:port: %v", name, a, err)
+		}
+		if seen[a] {
+			return fmt.Errorf("model %q: address %s listed twice", name, a)
+		}
+		seen[a] = true
+	}
+	return nil
+}
+
+// addresses are the servers to poll.
+func (c *ModelConfig) addresses() []string {
+	if c.Server != nil {
+		return []string{c.Server.Address}
+	}
+	out := make([]string, len(c.Replicas))
+	for i, r := range c.Replicas {
+		out[i] = r.Address
+	}
+	return out
+}
+
+// replicas lists the routing targets: a server each, or a rank each.
+func (c *ModelConfig) replicas() []selection.Replica {
+	if c.Server != nil {
+		out := make([]selection.Replica, c.Server.Ranks)
+		for r := range out {
+			out[r] = selection.Replica{
+				ID:       c.Server.Address + "#" + strconv.Itoa(r),
+				Address:  c.Server.Address,
+				Rank:     r,
+				SetsRank: true,
+			}
+		}
+		return out
+	}
+	out := make([]selection.Replica, len(c.Replicas))
+	for i, r := range c.Replicas {
+		out[i] = selection.Replica{ID: r.Address, Address: r.Address}
+	}
+	return out
+}
+
+func (c *ModelConfig) routerConfig() selection.Config {
+	return selection.Config{
+		MaxNumSeqs:     c.MaxNumSeqs,
+		SpillThreshold: c.SpillThreshold,
+		Affinity:       c.Affinity == nil || *c.Affinity,
+		SessionTTL:     time.Duration(c.SessionTTL),
+		ActiveWindow:   time.Duration(c.ActiveWindow),
+		MaxSessions:    c.MaxSessions,
+	}
+}
+
+func (c *ModelConfig) metricsInterval() time.Duration {
+	if c.MetricsInterval > 0 {
+		return time.Duration(c.MetricsInterval)
+	}
+	return time.Second
+}
+
+func (c *ModelConfig) sessionHeaders() []string {
+	if len(c.SessionHeaders) > 0 {
+		return c.SessionHeaders
+	}
+	return DefaultSessionHeaders
+}
+
+func (c *ModelConfig) bodyScanBytes() int {
+	if c.BodyScanBytes > 0 {
+		return c.BodyScanBytes
+	}
+	return defaultBodyScanBytes
+}

@@ -1,0 +1,364 @@
+package caddymodule_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/caddymodule"
+)
+
+// caddyBin is Caddy built from cmd/caddy once for all tests of the package.
+var caddyBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "warden-it-")
+	if err != nil {
+		panic(err)
+	}
+	caddyBin = filepath.Join(dir, "caddy")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	err = caddyproc.Build(ctx, caddyBin)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// fleet is a running Caddy in front of fake vLLM servers.
+type fleet struct {
+	caddy    *caddyproc.Process
+	site     string
+	backends []*fakeVLLM
+}
+
+// startFleet runs Caddy with the model block (its replicas written as
+// {replicas} / {server}) in front of the given backends.
+func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
+	t.Helper()
+	admin, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	for _, b := range backends {
+		addrs = append(addrs, b.addr)
+	}
+	block := strings.NewReplacer("{replicas}", strings.Join(addrs, " "), "{server}", addrs[0]).Replace(modelBlock)
+	caddyfile := fmt.Sprintf(`{
+	admin %s
+	warden {
+		model m {
+			%s
+			metrics_interval 100ms
+		}
+	}
+}
+http://%s {
+	reverse_proxy %s {
+		lb_policy warden m
+		flush_interval -1
+	}
+}
+`, admin, block, site, strings.Join(addrs, " "))
+	var logs strings.Builder
+	var logMu sync.Mutex
+	p, err := caddyproc.Start(caddyBin, caddyfile, admin, writerFunc(func(b []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(b)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			logMu.Lock()
+			t.Logf("caddy log:\n%s", logs.String())
+			logMu.Unlock()
+		}
+	})
+	f := &fleet{caddy: p, site: site, backends: backends}
+	f.waitHealthy(t)
+	return f
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(b []byte) (int, error) { return w(b) }
+
+func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
+	t.Helper()
+	var st caddymodule.ModelStatus
+	if err := f.caddy.Do(http.MethodGet, "/warden/models/m", nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (f *fleet) waitHealthy(t *testing.T) {
+	t.Helper()
+	eventually(t, 10*time.Second, "every replica healthy", func() bool {
+		for _, r := range f.status(t).Replicas {
+			if !r.Healthy || !r.MetricsKnown {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// turn sends one streaming request of a conversation and reads it to the
+// end; it returns the engine that served it ("name/rank").
+func (f *fleet) turn(t *testing.T, session string, header ...string) string {
+	t.Helper()
+	resp, err := f.send(context.Background(), session, header...)
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Error(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("session %s: status %s", session, resp.Status)
+	}
+	return resp.Header.Get("X-Backend")
+}
+
+func (f *fleet) send(ctx context.Context, session string, header ...string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.site+"/v1/messages?beta=true",
+		strings.NewReader(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		return nil, err
+	}
+	if session != "" {
+		req.Header.Set("X-Claude-Code-Session-Id", session)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	return http.DefaultClient.Do(req)
+}
+
+// concurrently runs n calls of fn at once and waits for them.
+func concurrently(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			fn(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+}
+
+func conversations(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return out
+}
+
+func TestReplicasMode(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
+	// Auto threshold 32: 40 concurrent conversations on 3 replicas do not spill.
+	f := startFleet(t, "replicas {replicas}\n\t\t\tmax_num_seqs 128", backends...)
+	convs := conversations("conv", 40)
+	home := map[string]string{}
+	var homeMu sync.Mutex
+
+	t.Run("conversations stay and new ones spread evenly", func(t *testing.T) {
+		concurrently(len(convs), func(i int) {
+			served := f.turn(t, convs[i], holdHeader, "50ms")
+			homeMu.Lock()
+			home[convs[i]] = served
+			homeMu.Unlock()
+		})
+		for range 4 {
+			concurrently(len(convs), func(i int) {
+				if served := f.turn(t, convs[i]); served != home[convs[i]] {
+					t.Errorf("%s served by %s, pinned to %s", convs[i], served, home[convs[i]])
+				}
+			})
+		}
+		perBackend := map[string]int{}
+		for session, engines := range sessionsSeen(backends...) {
+			if len(engines) != 1 {
+				t.Errorf("%s reached %d engines: %v", session, len(engines), engines)
+			}
+			for e := range engines {
+				perBackend[e]++
+			}
+		}
+		lo, hi := len(convs), 0
+		for _, b := range backends {
+			n := perBackend[b.name+"/"]
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		if hi-lo > 1 {
+			t.Errorf("conversations per backend %v: max-min = %d", perBackend, hi-lo)
+		}
+		if st := f.status(t); st.StickyPercent != 100 || st.Sessions != 40 {
+			t.Errorf("sticky %.1f%%, sessions %d", st.StickyPercent, st.Sessions)
+		}
+	})
+
+	t.Run("a busy replica spills above the threshold", func(t *testing.T) {
+		if err := f.caddy.Do(http.MethodPost, "/warden/models/m/spill_threshold", map[string]int{"value": 2}, nil); err != nil {
+			t.Fatal(err)
+		}
+		before := spilled(f.status(t))
+		pin := f.turn(t, "spill")
+		concurrently(6, func(int) { f.turn(t, "spill", holdHeader, "400ms") })
+		engines := sessionsSeen(backends...)["spill"]
+		if len(engines) < 2 {
+			t.Errorf("6 concurrent requests over threshold 2 stayed on %v", engines)
+		}
+		if got := spilled(f.status(t)) - before; got < 1 {
+			t.Errorf("admin JSON counted %d spills", got)
+		}
+		if served := f.turn(t, "spill"); served != pin {
+			t.Errorf("after the burst served by %s, pinned to %s", served, pin)
+		}
+		var st caddymodule.ModelStatus
+		if err := f.caddy.Do(http.MethodPost, "/warden/models/m/spill_threshold", map[string]bool{"auto": true}, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.SpillThreshold != 32 || !st.SpillThresholdAuto {
+			t.Errorf("back to auto: threshold %d auto=%v, want 32 auto", st.SpillThreshold, st.SpillThresholdAuto)
+		}
+	})
+
+	t.Run("affinity off spreads by load, on again keeps the pins", func(t *testing.T) {
+		if err := f.caddy.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": false}, nil); err != nil {
+			t.Fatal(err)
+		}
+		servedBy := map[string]int{}
+		var mu sync.Mutex
+		concurrently(6, func(int) {
+			served := f.turn(t, convs[0], holdHeader, "300ms")
+			mu.Lock()
+			servedBy[served]++
+			mu.Unlock()
+		})
+		if len(servedBy) != len(backends) {
+			t.Errorf("affinity off: 6 concurrent requests went to %v, want all 3 backends", servedBy)
+		}
+		if err := f.caddy.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": true}, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range convs {
+			if served := f.turn(t, c); served != home[c] {
+				t.Errorf("affinity back on: %s served by %s, pinned to %s", c, served, home[c])
+			}
+		}
+	})
+
+	t.Run("a config reload keeps pins and counters", func(t *testing.T) {
+		before := f.status(t)
+		if err := f.caddy.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		after := f.status(t)
+		if after.Requests != before.Requests || after.Sessions != before.Sessions || !after.Since.Equal(before.Since) {
+			t.Errorf("reload reset counters: requests %d -> %d, sessions %d -> %d, since %v -> %v",
+				before.Requests, after.Requests, before.Sessions, after.Sessions, before.Since, after.Since)
+		}
+		f.waitHealthy(t)
+		for _, c := range convs {
+			if served := f.turn(t, c); served != home[c] {
+				t.Errorf("after reload %s served by %s, pinned to %s", c, served, home[c])
+			}
+		}
+	})
+
+	t.Run("in-flight counts return to zero after aborts", func(t *testing.T) {
+		concurrently(12, func(i int) {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			resp, err := f.send(ctx, convs[i], holdHeader, "5s")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body) // cut by the timeout
+				resp.Body.Close()
+			}
+		})
+		eventually(t, 5*time.Second, "in flight back to 0", func() bool {
+			st := f.status(t)
+			for _, r := range st.Replicas {
+				if r.InFlight != 0 {
+					return false
+				}
+			}
+			return st.InFlight == 0
+		})
+	})
+}
+
+func spilled(st caddymodule.ModelStatus) (n uint64) {
+	for _, r := range st.Replicas {
+		n += r.SpilledIn
+	}
+	return n
+}
+
+func TestRanksMode(t *testing.T) {
+	server := startFakeVLLM(t, "dp", 4)
+	f := startFleet(t, "server {server} ranks 4", server)
+	convs := conversations("rank", 12)
+	for turn := range 3 {
+		concurrently(len(convs), func(i int) {
+			// A forged rank must be replaced by warden's own choice.
+			f.turn(t, convs[i], "X-data-parallel-rank", fmt.Sprint((i+turn)%4))
+		})
+	}
+	perRank := map[string]int{}
+	for session, engines := range sessionsSeen(server) {
+		if len(engines) != 1 {
+			t.Errorf("%s reached ranks %v: not stable, or a forged rank got through", session, engines)
+		}
+		for e := range engines {
+			perRank[e]++
+		}
+	}
+	if len(perRank) != 4 {
+		t.Errorf("12 conversations over 4 ranks used %v", perRank)
+	}
+	for rank, n := range perRank {
+		if n != 3 {
+			t.Errorf("rank %s holds %d conversations, want 3 each: %v", rank, n, perRank)
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+func init() {
+	caddy.RegisterModule(Policy{})
+}
+
+// Request headers the policy reads or sets.
+const (
+	// RankHeader is vLLM's per-request choice of data-parallel engine.
+	RankHeader = "X-data-parallel-rank"
+	// ReplicaHeader lets a client choose a replica by ID (client_pinning on).
+	ReplicaHeader = "X-Warden-Replica"
+)
+
+// Request variables the policy sets, for `header_up` and logs, e.g.
+// `header_up X-data-parallel-rank {http.vars.warden.rank}`.
+const (
+	varRank     = "warden.rank"
+	varReplica  = "warden.replica"
+	varOutcome  = "warden.outcome"
+	varInFlight = "warden.in_flight" // *inFlight, internal
+)
+
+// Policy is the `warden` load-balancing policy of reverse_proxy: it keeps
+// each conversation on the replica that holds its prefix cache, places new
+// conversations on the least-loaded replica and spills over a threshold.
+type Policy struct {
+	// Model names a model of the warden app.
+	Model string `json:"model"`
+
+	model  *model
+	logger *zap.Logger
+	warned *sync.Map // replica addresses reported as missing from the pool
+}
+
+// CaddyModule returns the Caddy module information.
+func (Policy) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies.warden",
+		New: func() caddy.Module { return new(Policy) },
+	}
+}
+
+// UnmarshalCaddyfile sets up the policy:
+//
+//	lb_policy warden <model>
+func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // policy name
+	if !d.Args(&p.Model) {
+		return d.Err("expected: lb_policy warden <model>")
+	}
+	if d.NextArg() {
+		return d.Errf("lb_policy warden: unexpected argument %q", d.Val())
+	}
+	if d.NextBlock(0) {
+		return d.Errf("lb_policy warden: unexpected block option %q; model options go in the global warden option", d.Val())
+	}
+	return nil
+}
+
+// Provision finds the policy's model in the warden app.
+func (p *Policy) Provision(ctx caddy.Context) error {
+	p.logger = ctx.Logger()
+	p.warned = new(sync.Map)
+	appIface, err := ctx.App("warden")
+	if err != nil {
+		return fmt.Errorf("loading warden app: %v", err)
+	}
+	m, ok := appIface.(*App).model(p.Model)
+	if !ok {
+		return fmt.Errorf("lb_policy warden: unknown model %q; declare it in the global warden option", p.Model)
+	}
+	p.model = m
+	return nil
+}
+
+// inFlight holds a request's current decision, so that a retry gives back
+// the failed try's in-flight count and the request's end gives back the
+// last. It also keeps the session key, read once per request.
+type inFlight struct {
+	key string
+	mu  sync.Mutex
+	d   selection.Decision
+}
+
+func (f *inFlight) set(d selection.Decision) {
+	f.mu.Lock()
+	old := f.d
+	f.d = d
+	f.mu.Unlock()
+	old.Release()
+}
+
+func (f *inFlight) release() { f.set(selection.Decision{}) }
+
+// Select picks the upstream of the replica chosen for r. It runs for every
+// try of every request, so it does no I/O beyond the optional bounded body
+// scan on the first try.
+func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
+	cfg := p.model.config()
+	ctx := r.Context()
+	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inFlight)
+	if !retry {
+		held = &inFlight{key: sessionKey(r, cfg)}
+		caddyhttp.SetVar(ctx, varInFlight, held)
+		context.AfterFunc(ctx, held.release)
+	}
+	req := selection.Request{
+		Key:           held.key,
+		ClientReplica: clientReplica(r, cfg),
+		Usable:        func(addr string) bool { u := upstreamFor(pool, addr); return u != nil && u.Available() },
+		Now:           time.Now(),
+	}
+	if cfg.Server != nil && !p.model.router.Affinity() {
+		// Affinity off with internal DP: vLLM's own balancer decides.
+		held.set(selection.Decision{})
+		r.Header.Del(RankHeader)
+		caddyhttp.SetVar(ctx, varOutcome, "delegated")
+		return upstreamFor(pool, cfg.Server.Address)
+	}
+	d := p.model.router.Pick(req)
+	held.set(d)
+	rep, ok := d.Replica()
+	if !ok {
+		return nil
+	}
+	u := upstreamFor(pool, rep.Address)
+	if u == nil {
+		p.warnMissing(rep.Address)
+		return nil
+	}
+	caddyhttp.SetVar(ctx, varReplica, rep.ID)
+	caddyhttp.SetVar(ctx, varOutcome, d.Outcome.String())
+	if rep.SetsRank {
+		rank := strconv.Itoa(rep.Rank)
+		r.Header.Set(RankHeader, rank)
+		caddyhttp.SetVar(ctx, varRank, rank)
+	}
+	return u
+}
+
+// clientReplica is the replica a client asked for, when allowed; otherwise
+// the client's choice is removed from the request.
+func clientReplica(r *http.Request, cfg *ModelConfig) string {
+	rank, byID := r.Header.Get(RankHeader), r.Header.Get(ReplicaHeader)
+	r.Header.Del(ReplicaHeader)
+	if !cfg.ClientPinning {
+		r.Header.Del(RankHeader)
+		return ""
+	}
+	if cfg.Server != nil && rank != "" {
+		if n, err := strconv.Atoi(rank); err == nil && n >= 0 && n < cfg.Server.Ranks {
+			return cfg.Server.Address + "#" + strconv.Itoa(n)
+		}
+		r.Header.Del(RankHeader) // out of range: vLLM would refuse the request
+		return ""
+	}
+	return byID
+}
+
+// upstreamFor finds the pool's upstream for a replica address.
+func upstreamFor(pool reverseproxy.UpstreamPool, addr string) *reverseproxy.Upstream {
+	for _, u := range pool {
+		if u.Dial == addr {
+			return u
+		}
+	}
+	return nil
+}
+
+func (p *Policy) warnMissing(addr string) {
+	if _, seen := p.warned.LoadOrStore(addr, true); !seen {
+		p.logger.Warn("replica address is not an upstream of this reverse_proxy; list the same host:port in both",
+			zap.String("model", p.Model), zap.String("replica", addr))
+	}
+}
+
+var (
+	_ reverseproxy.Selector = (*Policy)(nil)
+	_ caddy.Provisioner     = (*Policy)(nil)
+	_ caddyfile.Unmarshaler = (*Policy)(nil)
+)

@@ -1,0 +1,116 @@
+package caddymodule
+
+import (
+	"time"
+
+	"github.com/lmwarden/caddy-warden/metricsfeed"
+)
+
+// hitRateWindow is the window of the prefix hit rate shown per replica.
+const hitRateWindow = 5 * time.Minute
+
+// ModelStatus is a model's routing panel, as the admin API serves it.
+type ModelStatus struct {
+	Model              string          `json:"model"`
+	Mode               string          `json:"mode"` // "replicas" or "ranks"
+	Affinity           bool            `json:"affinity"`
+	SpillThreshold     int             `json:"spill_threshold"`
+	SpillThresholdAuto bool            `json:"spill_threshold_auto"`
+	MaxNumSeqs         int             `json:"max_num_seqs"`
+	StickyPercent      float64         `json:"sticky_percent"`
+	InFlight           int64           `json:"in_flight"`
+	Sessions           int64           `json:"sessions"`
+	Requests           uint64          `json:"requests"`
+	Unkeyed            uint64          `json:"unkeyed"`
+	NoReplica          uint64          `json:"no_replica"`
+	SessionsEvicted    uint64          `json:"sessions_evicted"`
+	SessionsExpired    uint64          `json:"sessions_expired"`
+	PrefixHitRate      float64         `json:"prefix_hit_rate"` // fleet, over the last 5 minutes
+	Since              time.Time       `json:"since"`
+	Replicas           []ReplicaStatus `json:"replicas"`
+}
+
+// ReplicaStatus is one row of the panel.
+type ReplicaStatus struct {
+	ID             string  `json:"id"`
+	Address        string  `json:"address"`
+	Rank           int     `json:"rank"`
+	InFlight       int64   `json:"in_flight"`
+	Sticky         uint64  `json:"sticky"`
+	SpilledIn      uint64  `json:"spilled_in"`
+	ClientPinned   uint64  `json:"client_pinned"`
+	Placed         uint64  `json:"placed"`
+	Replaced       uint64  `json:"replaced"`
+	Unpinned       uint64  `json:"unpinned"`
+	Running        float64 `json:"running"`
+	Waiting        float64 `json:"waiting"`
+	KVUsed         float64 `json:"kv_used"`
+	MetricsKnown   bool    `json:"metrics_known"`
+	PrefixHitRate  float64 `json:"prefix_hit_rate"` // over the last 5 minutes, 0..1
+	Healthy        bool    `json:"healthy"`
+	Health         string  `json:"health"`
+	Sessions       int64   `json:"sessions"`
+	ActiveSessions int64   `json:"active_sessions"`
+}
+
+// status assembles the model's panel from its router, metrics and health.
+func (m *model) status(now time.Time) ModelStatus {
+	st := m.router.Status()
+	cfg := m.config()
+	out := ModelStatus{
+		Model:              st.Model,
+		Mode:               "replicas",
+		Affinity:           st.Affinity,
+		SpillThreshold:     st.SpillThreshold,
+		SpillThresholdAuto: st.SpillThresholdAuto,
+		MaxNumSeqs:         st.MaxNumSeqs,
+		StickyPercent:      st.StickyPercent,
+		InFlight:           st.InFlight,
+		Sessions:           st.Sessions,
+		Requests:           st.Requests,
+		Unkeyed:            st.Unkeyed,
+		NoReplica:          st.NoReplica,
+		SessionsEvicted:    st.Evicted,
+		SessionsExpired:    st.Expired,
+		Since:              st.Since,
+		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
+	}
+	if cfg.Server != nil {
+		out.Mode = "ranks"
+	}
+	var sources []metricsfeed.Source
+	for _, rs := range st.Replicas {
+		src := source(rs.Replica)
+		sources = append(sources, src)
+		row := ReplicaStatus{
+			ID:             rs.ID,
+			Address:        rs.Address,
+			Rank:           rs.Rank,
+			InFlight:       rs.InFlight,
+			Sticky:         rs.Sticky,
+			SpilledIn:      rs.SpilledIn,
+			ClientPinned:   rs.ClientPinned,
+			Placed:         rs.Placed,
+			Replaced:       rs.Replaced,
+			Unpinned:       rs.Unpinned,
+			Running:        rs.Load.Running,
+			Waiting:        rs.Load.Waiting,
+			KVUsed:         rs.Load.KVUsage,
+			MetricsKnown:   rs.Load.Known,
+			Healthy:        rs.Healthy,
+			Sessions:       rs.Sessions,
+			ActiveSessions: rs.ActiveSessions,
+		}
+		if rates, ok := m.history.Rates(now, hitRateWindow, src); ok {
+			row.PrefixHitRate = rates.HitRate()
+		}
+		if t := m.tracker(rs.Address); t != nil {
+			row.Health = t.State(now).String()
+		}
+		out.Replicas = append(out.Replicas, row)
+	}
+	if rates, ok := m.history.Rates(now, hitRateWindow, sources...); ok {
+		out.PrefixHitRate = rates.HitRate()
+	}
+	return out
+}
