@@ -1,0 +1,79 @@
+package caddymodule_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestListModules(t *testing.T) {
+	out, err := exec.Command(caddyBin, "list-modules").CombinedOutput()
+	if err != nil {
+		t.Fatalf("list-modules: %v\n%s", err, out)
+	}
+	for _, id := range []string{"warden", "http.reverse_proxy.selection_policies.warden", "admin.api.warden"} {
+		if !strings.Contains("\n"+string(out), "\n"+id+"\n") {
+			t.Errorf("list-modules does not show %s", id)
+		}
+	}
+}
+
+// Every example Caddyfile adapts to JSON that Caddy accepts (validate
+// provisions every module, as run would, without binding ports).
+func TestExamplesAdaptAndValidate(t *testing.T) {
+	files, _ := filepath.Glob("../examples/Caddyfile*")
+	if len(files) == 0 {
+		t.Fatal("no example Caddyfiles")
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			adapted, err := exec.Command(caddyBin, "adapt", "--config", f).Output()
+			if err != nil {
+				t.Fatalf("adapt: %v", err)
+			}
+			path := filepath.Join(t.TempDir(), "caddy.json")
+			if err := os.WriteFile(path, adapted, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(caddyBin, "validate", "--config", path)
+			cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("validate: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// Malformed options fail at load with the line and what was expected.
+func TestCaddyfileErrors(t *testing.T) {
+	cases := []struct{ block, want string }{
+		{"replicas", "replicas needs at least one host:port"},
+		{"replicas 127.0.0.1:1\n\t\tspill_threshold lots", `spill_threshold: expected auto or a positive integer, got "lots"`},
+		{"replicas 127.0.0.1:1\n\t\taffinity maybe", `affinity: expected on or off, got "maybe"`},
+		{"replicas 127.0.0.1:1\n\t\tmax_num_seqs 0", "max_num_seqs: expected a positive integer"},
+		{"server 127.0.0.1:1 ranks x", `ranks: expected a positive integer, got "x"`},
+		{"server 127.0.0.1:1", "expected: server <host:port> ranks <n>"},
+		{"replicas localhost", "want host:port"},
+		{"replicas 127.0.0.1:1\n\t\tsession_ttl soon", "session_ttl: expected a positive duration"},
+		{"replicas 127.0.0.1:1\n\t\tbogus 1", `unrecognized model option "bogus"`},
+		{"max_num_seqs 32", "needs replicas or a server"},
+	}
+	for _, c := range cases {
+		caddyfile := "{\n\twarden {\n\t\tmodel m {\n\t\t" + c.block + "\n\t\t}\n\t}\n}\n"
+		path := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(caddyBin, "adapt", "--config", path).CombinedOutput()
+		if err == nil {
+			t.Errorf("%q: adapted without error", c.block)
+			continue
+		}
+		msg := strings.ReplaceAll(string(out), `\"`, `"`) // the log line is JSON
+		if !strings.Contains(msg, c.want) || !strings.Contains(msg, "Caddyfile:") {
+			t.Errorf("%q: error does not say %q with a file:line:\n%s", c.block, c.want, out)
+		}
+	}
+}
