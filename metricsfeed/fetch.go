@@ -19,6 +19,7 @@ type StatusError struct {
 	Code int
 }
 
+// Error names the URL and the status.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("GET %s: status %d", e.URL, e.Code)
 }
