@@ -1,0 +1,116 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+)
+
+type anthropicUsage struct {
+	InputTokens              int  `json:"input_tokens"`
+	OutputTokens             int  `json:"output_tokens"`
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens,omitempty"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens,omitempty"`
+}
+
+// anthropicUsageOf splits the prompt as Anthropic does: input_tokens are the uncached ones,
+// cache_read_input_tokens the cached ones (vLLM PR #40912). Without prompt tokens details the
+// cache fields are left out and input_tokens counts the whole prompt.
+func (s *Server) anthropicUsageOf(u usage) anthropicUsage {
+	if !s.cfg.PromptTokensDetails {
+		return anthropicUsage{InputTokens: u.promptTokens, OutputTokens: u.completionTokens}
+	}
+	cached, created := u.cachedTokens, 0
+	return anthropicUsage{
+		InputTokens:              u.promptTokens - cached,
+		OutputTokens:             u.completionTokens,
+		CacheReadInputTokens:     &cached,
+		CacheCreationInputTokens: &created,
+	}
+}
+
+func anthropicStopReason(r engine.FinishReason) string {
+	if r == engine.FinishLength {
+		return "max_tokens"
+	}
+	return "end_turn"
+}
+
+type anthropicReply struct {
+	s     *Server
+	id    string
+	model string
+}
+
+func newAnthropicWriter(s *Server, w http.ResponseWriter, req chatRequest) replyWriter {
+	reply := anthropicReply{s: s, id: fmt.Sprintf("msg_%016x", requestCounter.Add(1)), model: cmpOr(req.model, s.cfg.modelName())}
+	if !req.stream {
+		return &anthropicWhole{anthropicReply: reply, w: w}
+	}
+	return &anthropicStream{anthropicReply: reply, sse: newSSEWriter(w)}
+}
+
+// anthropicStream writes Anthropic's event sequence: message_start, content_block_start, ping,
+// content_block_delta..., content_block_stop, message_delta (with usage), message_stop.
+type anthropicStream struct {
+	anthropicReply
+	sse sseWriter
+}
+
+// textDeltaPrefix starts every content_block_delta event of the single text block.
+const textDeltaPrefix = `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":`
+
+func (a *anthropicStream) first(u usage) {
+	a.sse.sendJSON("message_start", map[string]any{"type": "message_start", "message": map[string]any{
+		"id": a.id, "type": "message", "role": "assistant", "model": a.model, "content": []any{},
+		"stop_reason": nil, "stop_sequence": nil, "usage": a.s.anthropicUsageOf(u),
+	}})
+	a.sse.send("content_block_start", []byte(`{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`))
+	a.sse.send("ping", []byte(`{"type":"ping"}`))
+}
+
+func (a *anthropicStream) delta(piece string) {
+	if piece != "" {
+		a.sse.send("content_block_delta", []byte(textDeltaPrefix+string(quote(piece))+"}}"))
+	}
+}
+
+func (a *anthropicStream) text(piece string) {
+	a.delta(piece)
+	a.sse.flush()
+}
+
+func (a *anthropicStream) end(piece string, u usage) {
+	a.delta(piece)
+	a.sse.send("content_block_stop", []byte(`{"type":"content_block_stop","index":0}`))
+	a.sse.sendJSON("message_delta", map[string]any{
+		"type":  "message_delta",
+		"delta": map[string]any{"stop_reason": anthropicStopReason(u.reason), "stop_sequence": nil},
+		"usage": a.s.anthropicUsageOf(u),
+	})
+	a.sse.send("message_stop", []byte(`{"type":"message_stop"}`))
+	a.sse.flush()
+}
+
+// anthropicWhole collects the reply and writes one message object.
+type anthropicWhole struct {
+	anthropicReply
+	w     http.ResponseWriter
+	reply strings.Builder
+}
+
+func (a *anthropicWhole) first(usage) {}
+
+func (a *anthropicWhole) text(piece string) { a.reply.WriteString(piece) }
+
+func (a *anthropicWhole) end(piece string, u usage) {
+	a.reply.WriteString(piece)
+	writeJSON(a.w, http.StatusOK, map[string]any{
+		"id": a.id, "type": "message", "role": "assistant", "model": a.model,
+		"content":     []any{map[string]string{"type": "text", "text": a.reply.String()}},
+		"stop_reason": anthropicStopReason(u.reason), "stop_sequence": nil,
+		"usage": a.s.anthropicUsageOf(u),
+	})
+}
