@@ -49,8 +49,8 @@ type Status struct {
 
 // Poller polls /metrics and /health of a set of vLLM servers, each on its own
 // goroutine so that one slow server never delays the others. Its methods are
-// safe for concurrent use. The callbacks run on polling goroutines; they must
-// not call SetTargets.
+// safe for concurrent use, including from the callbacks, which run on the
+// polling goroutines.
 type Poller struct {
 	cfg PollerConfig
 
@@ -120,16 +120,18 @@ func (p *Poller) Run(ctx context.Context) error {
 // SetTargets replaces the polled targets, e.g. on a config reload. A target
 // is a base URL ("http://127.0.0.1:8001") or a bare "host:port". Targets kept
 // from the previous set keep their goroutine and Status; removed ones are
-// forgotten, and no callback for them runs after SetTargets returns.
+// stopped and forgotten. SetTargets does not wait for their goroutines, so it
+// may be called with locks held that the callbacks take; a callback already
+// past its last check may still report a removed target once, which callers
+// should ignore.
 func (p *Poller) SetTargets(targets []string) {
 	targets = dedupe(targets)
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.targets = targets
-	var stopped []*pollWorker
 	for target, w := range p.workers {
 		if !slices.Contains(targets, target) {
 			w.cancel()
-			stopped = append(stopped, w)
 			delete(p.workers, target)
 		}
 	}
@@ -144,10 +146,6 @@ func (p *Poller) SetTargets(targets []string) {
 				p.startLocked(target)
 			}
 		}
-	}
-	p.mu.Unlock()
-	for _, w := range stopped {
-		<-w.done
 	}
 }
 
