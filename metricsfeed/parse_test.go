@@ -165,3 +165,16 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParseTwoEngines(b *testing.B) {
+	body, err := os.ReadFile("testdata/vllm_two_engines.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := Parse(strings.NewReader(string(body))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
