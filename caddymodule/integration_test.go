@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	}
 	caddyBin = filepath.Join(dir, "caddy")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	err = caddyproc.Build(ctx, caddyBin)
+	err = caddyproc.Build(ctx, "./cmd/caddy", caddyBin)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -20,17 +20,17 @@ import (
 	"time"
 )
 
-// Build compiles cmd/caddy of the module containing the working directory
-// into out.
-func Build(ctx context.Context, out string) error {
+// Build compiles a command of this module (e.g. "./cmd/caddy") into out,
+// from whatever directory of the module the caller runs in.
+func Build(ctx context.Context, pkg, out string) error {
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/caddy")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 	cmd.Dir = root
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("building caddy: %v\n%s", err, msg)
+		return fmt.Errorf("building %s: %v\n%s", pkg, err, msg)
 	}
 	return nil
 }

@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+)
+
+// A short run through the whole real path: vllmsim processes, Caddy from
+// cmd/caddy, the agent workload over HTTP, a policy switch without
+// restarting the replicas.
+func TestShortRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy and the simulator")
+	}
+	w := agentload.DefaultConfig()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rows, err := Run(ctx, Options{
+		Topology:   TopologyServers,
+		Replicas:   2,
+		MaxNumSeqs: 32,
+		Sessions:   []int{2},
+		Duration:   40 * time.Second,
+		TimeScale:  10,
+		Policies:   []string{"off", "warden"},
+		Seed:       1,
+		Workload:   w,
+		WorkDir:    t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want 2", len(rows))
+	}
+	for _, r := range rows {
+		t.Logf("%+v", r)
+		// Each session gets at most 256 tokens per turn: a rate in simulated
+		// time stays under 2 sessions x 256 tokens per TTFB-free turn.
+		if r.Requests == 0 || r.Errors != 0 || r.OutputTokensPerMin <= 0 || r.OutputTokensPerMin > 60*2*256 || r.TTFBP50S <= 0 {
+			t.Errorf("%s: implausible row %+v", r.Policy, r)
+		}
+		if r.PrefixHitPercent <= 0 || r.PrefixHitPercent > 100 || r.ReplicasBusy <= 0 || r.ReplicasBusy > 2 {
+			t.Errorf("%s: hits %.1f%%, busy %.2f", r.Policy, r.PrefixHitPercent, r.ReplicasBusy)
+		}
+	}
+	if rows[1].StayedPercent != 100 {
+		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
+	}
+}

@@ -1,0 +1,308 @@
+// Package e2e runs the seed's experiment for real: simulated vLLM servers
+// (cmd/vllmsim) behind Caddy built from cmd/caddy, loaded by the agent
+// workload over HTTP, one routing policy after another without restarting
+// the replicas, as the seed switched affinity off and on.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/bench/report"
+	"github.com/lmwarden/caddy-warden/metricsfeed"
+)
+
+// Topologies.
+const (
+	TopologyServers = "servers" // one vllmsim per replica
+	TopologyRanks   = "ranks"   // one vllmsim with --data-parallel-size
+)
+
+// Options of a run. Durations are simulated time: the simulator runs
+// TimeScale times faster than the wall clock, and every client-side time is
+// scaled back, so the figures read as on the real machine.
+type Options struct {
+	Topology   string
+	Replicas   int
+	MaxNumSeqs int
+	Sessions   []int
+	Duration   time.Duration
+	TimeScale  float64
+	Policies   []string
+	Seed       uint64
+	Workload   agentload.Config
+	// Fresh restarts the replicas before each policy's series; by default
+	// they keep their caches, as in the seed's run.
+	Fresh bool
+	// SimArgs are extra vllmsim flags (profile overrides).
+	SimArgs []string
+	// WorkDir receives the binaries and the admin JSON snapshots.
+	WorkDir string
+	// Log receives the children's output; nil discards it.
+	Log io.Writer
+	// Progress, when set, is told about each level as it starts and ends.
+	Progress func(policy string, sessions int, done bool)
+}
+
+// Policies a run can compare, by topology.
+var policiesFor = map[string][]string{
+	TopologyServers: {"warden", "off", "header", "least_conn", "round_robin"},
+	TopologyRanks:   {"warden", "off", "vllm"},
+}
+
+func (o *Options) check() error {
+	allowed, ok := policiesFor[o.Topology]
+	if !ok {
+		return fmt.Errorf("unknown topology %q: servers or ranks", o.Topology)
+	}
+	for _, p := range o.Policies {
+		if !slices.Contains(allowed, p) {
+			return fmt.Errorf("policy %q does not apply to topology %s (possible: %s)", p, o.Topology, strings.Join(allowed, ", "))
+		}
+	}
+	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || len(o.Sessions) == 0 {
+		return errors.New("replicas, time scale, duration and sessions must be positive")
+	}
+	return o.Workload.Validate()
+}
+
+// Run measures every policy at every level and returns one row each.
+func Run(ctx context.Context, o Options) ([]report.Row, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	dir, err := o.mkWorkDir()
+	if err != nil {
+		return nil, err
+	}
+	caddyBin, simBin, err := buildBinaries(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	var rows []report.Row
+	var sims []*sim
+	defer func() { stopSims(sims) }()
+	var caddy *caddyproc.Process
+	defer func() {
+		if caddy != nil {
+			caddy.Stop()
+		}
+	}()
+	for i, policy := range o.Policies {
+		if sims == nil || (o.Fresh && i > 0) {
+			stopSims(sims)
+			if sims, err = startSims(ctx, simBin, o); err != nil {
+				return rows, err
+			}
+			if caddy != nil {
+				caddy.Stop()
+				caddy = nil
+			}
+		}
+		site, err := caddyproc.FreeAddr()
+		if err != nil {
+			return rows, err
+		}
+		cfg := caddyfile(o, policy, site, sims)
+		if caddy == nil {
+			admin, err := caddyproc.FreeAddr()
+			if err != nil {
+				return rows, err
+			}
+			if caddy, err = caddyproc.Start(caddyBin, cfg.withAdmin(admin), admin, o.Log); err != nil {
+				return rows, err
+			}
+		} else if err := caddy.Do(http.MethodPost, "/load", []byte(cfg.withAdmin(caddy.Admin)), nil, "Content-Type", "text/caddyfile"); err != nil {
+			return rows, err
+		}
+		if usesWarden(policy) {
+			if err := caddy.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": policy == "warden"}, nil); err != nil {
+				return rows, err
+			}
+		}
+		for _, n := range o.Sessions {
+			if o.Progress != nil {
+				o.Progress(policy, n, false)
+			}
+			row, err := runLevel(ctx, o, policy, n, "http://"+site, sims)
+			if err != nil {
+				return rows, fmt.Errorf("%s at %d sessions: %v", policy, n, err)
+			}
+			rows = append(rows, row)
+			if usesWarden(policy) {
+				if err := saveAdminJSON(caddy, filepath.Join(dir, fmt.Sprintf("admin-%s-%d.json", policy, n))); err != nil {
+					return rows, err
+				}
+			}
+			if o.Progress != nil {
+				o.Progress(policy, n, true)
+			}
+		}
+	}
+	return rows, nil
+}
+
+func usesWarden(policy string) bool { return policy == "warden" || policy == "off" }
+
+// config is a Caddyfile without its admin address.
+type config string
+
+func (c config) withAdmin(admin string) string {
+	return strings.Replace(string(c), "{$ADMIN}", admin, 1)
+}
+
+// caddyfile is the Caddy config of a policy. Times inside warden (metrics
+// interval, active window) are divided by the time scale like the replicas'.
+func caddyfile(o Options, policy, site string, sims []*sim) config {
+	var upstreams []string
+	for _, s := range sims {
+		upstreams = append(upstreams, s.addr)
+	}
+	scaled := func(d time.Duration) string { return time.Duration(float64(d) / o.TimeScale).String() }
+	model := "replicas " + strings.Join(upstreams, " ")
+	if o.Topology == TopologyRanks {
+		model = fmt.Sprintf("server %s ranks %d", upstreams[0], o.Replicas)
+	}
+	global := fmt.Sprintf(`	warden {
+		model m {
+			%s
+			max_num_seqs %d
+			metrics_interval %s
+			active_window %s
+			session_ttl %s
+		}
+	}
+`, model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute))
+	lb := map[string]string{
+		"warden":      "lb_policy warden m",
+		"off":         "lb_policy warden m",
+		"header":      "lb_policy header " + o.Workload.SessionHeader,
+		"least_conn":  "lb_policy least_conn",
+		"round_robin": "lb_policy round_robin",
+		"vllm":        "", // one upstream: vLLM's own balancer picks the engine
+	}[policy]
+	return config(fmt.Sprintf(`{
+	admin {$ADMIN}
+	log {
+		level ERROR
+	}
+%s}
+http://%s {
+	reverse_proxy %s {
+		%s
+		flush_interval -1
+	}
+}
+`, global, site, strings.Join(upstreams, " "), lb))
+}
+
+// saveAdminJSON keeps the model's panel as it stood after a level.
+func saveAdminJSON(caddy *caddyproc.Process, path string) error {
+	var panel json.RawMessage
+	if err := caddy.Do(http.MethodGet, "/warden/models/m", nil, &panel); err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, panel, "", "  "); err != nil {
+		return err
+	}
+	return os.WriteFile(path, out.Bytes(), 0o644)
+}
+
+// runLevel runs one level and measures it.
+func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*sim) (report.Row, error) {
+	before, err := scrapeAll(ctx, sims)
+	if err != nil {
+		return report.Row{}, err
+	}
+	gen, err := agentload.NewGenerator(o.Workload)
+	if err != nil {
+		return report.Row{}, err
+	}
+	wall := time.Duration(float64(o.Duration) / o.TimeScale)
+	sampler := newBusySampler(sims, time.Duration(float64(time.Second)/o.TimeScale))
+	samplerCtx, stopSampler := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { sampler.run(samplerCtx) })
+	rep, err := (&agentload.Runner{Generator: gen, BaseURL: base, Sessions: sessions, Duration: wall}).Run(ctx)
+	stopSampler()
+	wg.Wait()
+	if err != nil {
+		return report.Row{}, err
+	}
+	after, err := scrapeAll(ctx, sims)
+	if err != nil {
+		return report.Row{}, err
+	}
+	sum := rep.Summary
+	hits, queries, preemptions := counterDeltas(before, after)
+	row := report.Row{
+		Mode:               report.ModeRun,
+		Policy:             policy,
+		Sessions:           sessions,
+		Seed:               int64(o.Seed),
+		DurationS:          o.Duration.Seconds(),
+		SessionsPerHour:    sum.SessionsPerHour / o.TimeScale,
+		OutputTokensPerMin: sum.OutputTokensPerMin / o.TimeScale,
+		TTFBP50S:           sum.TTFBP50.Seconds() * o.TimeScale,
+		TTFBP95S:           sum.TTFBP95.Seconds() * o.TimeScale,
+		ReplicasBusy:       sampler.mean(),
+		StayedPercent:      sum.StayedPercent,
+		Requests:           sum.Requests,
+		Errors:             sum.Errors,
+		Cut:                sum.Cut,
+		SessionsCompleted:  sum.SessionsCompleted,
+		Preemptions:        uint64(preemptions),
+		Replicas:           o.Replicas,
+		Topology:           o.Topology,
+	}
+	if queries > 0 {
+		row.PrefixHitPercent = 100 * hits / queries
+	}
+	return row, nil
+}
+
+func scrapeAll(ctx context.Context, sims []*sim) ([]metricsfeed.Scrape, error) {
+	out := make([]metricsfeed.Scrape, len(sims))
+	for i, s := range sims {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		sc, err := metricsfeed.Fetch(c, http.DefaultClient, metricsfeed.MetricsURL(s.addr), metricsfeed.DefaultMaxBytes)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = sc
+	}
+	return out, nil
+}
+
+// counterDeltas sums the engines' prefix-cache and preemption counters'
+// growth between two scrapes of the fleet.
+func counterDeltas(before, after []metricsfeed.Scrape) (hits, queries, preemptions float64) {
+	total := func(scrapes []metricsfeed.Scrape) (h, q, p float64) {
+		for _, s := range scrapes {
+			for _, e := range s.Engines {
+				h += e.PrefixHits
+				q += e.PrefixQueries
+				p += e.Preemptions
+			}
+		}
+		return h, q, p
+	}
+	h0, q0, p0 := total(before)
+	h1, q1, p1 := total(after)
+	return h1 - h0, q1 - q0, p1 - p0
+}
