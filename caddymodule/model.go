@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -30,9 +31,10 @@ type model struct {
 	history *metricsfeed.History
 	poller  *metricsfeed.Poller
 
+	logger atomic.Pointer[zap.Logger] // read by health callbacks, which run under a tracker's lock
+
 	mu       sync.Mutex
 	cfg      *ModelConfig
-	logger   *zap.Logger
 	trackers map[string]*health.Tracker // by server address
 	cancel   context.CancelFunc         // stops the poller and sweeper; nil when not running
 	done     chan struct{}
@@ -65,7 +67,8 @@ func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*model, error
 func (m *model) configure(cfg *ModelConfig, logger *zap.Logger) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cfg, m.logger = cfg, logger
+	m.cfg = cfg
+	m.logger.Store(logger)
 	m.router.Configure(cfg.routerConfig())
 	m.router.SetReplicas(cfg.replicas())
 	trackers := make(map[string]*health.Tracker, len(cfg.addresses()))
@@ -97,9 +100,7 @@ func (m *model) config() *ModelConfig {
 
 func (m *model) logHealthChange(addr string) func(old, new health.State) {
 	return func(old, new health.State) {
-		m.mu.Lock()
-		logger := m.logger
-		m.mu.Unlock()
+		logger := m.logger.Load()
 		fields := []zap.Field{zap.String("model", m.name), zap.String("server", addr), zap.String("was", old.String())}
 		if new.Healthy {
 			logger.Info("replica healthy", fields...)
