@@ -37,11 +37,7 @@ func TestExamplesAdaptAndValidate(t *testing.T) {
 			if err := os.WriteFile(path, adapted, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command(caddyBin, "validate", "--config", path)
-			cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("validate: %v\n%s", err, out)
-			}
+			validate(t, path)
 		})
 	}
 }
@@ -75,5 +71,35 @@ func TestCaddyfileErrors(t *testing.T) {
 		if !strings.Contains(msg, c.want) || !strings.Contains(msg, "Caddyfile:") {
 			t.Errorf("%q: error does not say %q with a file:line:\n%s", c.block, c.want, out)
 		}
+	}
+}
+
+// The README's JSON config is one Caddy accepts.
+func TestReadmeJSONValidates(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "```json\n")
+	block, _, closed := strings.Cut(rest, "```")
+	if !ok || !closed {
+		t.Fatal("README has no json block")
+	}
+	path := filepath.Join(t.TempDir(), "caddy.json")
+	if err := os.WriteFile(path, []byte(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	validate(t, path)
+}
+
+// validate runs `caddy validate` on a JSON config: it provisions every
+// module, as run would, without binding ports.
+func validate(t *testing.T, path string) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command(caddyBin, "validate", "--config", path)
+	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home, "XDG_CONFIG_HOME="+home)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("validate: %v\n%s", err, out)
 	}
 }
