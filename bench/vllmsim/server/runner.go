@@ -34,9 +34,10 @@ type engineRunner struct {
 	clock simClock
 	wake  chan struct{}
 
-	mu    sync.Mutex
-	eng   *engine.Engine
-	calls map[*engine.Request]*call
+	mu            sync.Mutex
+	eng           *engine.Engine
+	calls         map[*engine.Request]*call
+	latestArrival time.Duration // no step may start before a request it could schedule
 }
 
 func newEngineRunner(rank int, e *engine.Engine, clock simClock) *engineRunner {
@@ -47,9 +48,11 @@ func newEngineRunner(rank int, e *engine.Engine, clock simClock) *engineRunner {
 func (r *engineRunner) submit(req *engine.Request) (*call, error) {
 	c := &call{req: req, events: make(chan tokenEvent, len(req.Output))}
 	r.mu.Lock()
-	err := r.eng.Add(req, r.clock.now())
+	now := r.clock.now()
+	err := r.eng.Add(req, now)
 	if err == nil {
 		r.calls[req] = c
+		r.latestArrival = now
 	}
 	r.mu.Unlock()
 	if err != nil {
@@ -78,16 +81,17 @@ func (r *engineRunner) stats() engine.Stats {
 }
 
 // run steps the engine until ctx ends. Each step's tokens reach their handlers when the
-// step's simulated end comes on the wall clock. Steps are timed from the previous step's end,
-// not from when the goroutine woke, so sleep overshoot does not accumulate while busy.
+// step's simulated end comes on the wall clock. A step starts where the previous one ended,
+// not when the goroutine woke up, so sleep overshoot does not accumulate; but never before the
+// latest arrival, which also moves an idle engine to the present.
 func (r *engineRunner) run(ctx context.Context) {
-	var busyUntil time.Duration
+	var busyUntil time.Duration // simulated end of the last step
 	var out []delivery
 	timer := time.NewTimer(0)
 	<-timer.C
 	for {
 		r.mu.Lock()
-		start := max(busyUntil, r.clock.now())
+		start := max(busyUntil, r.latestArrival)
 		dur, events := r.eng.Step(start)
 		out = out[:0]
 		for _, ev := range events {

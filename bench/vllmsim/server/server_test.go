@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/dplb"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
 )
 
@@ -233,7 +235,9 @@ func scrape(t *testing.T, s *Server) map[string]float64 {
 }
 
 func TestRepeatedLongPromptIsServedFromCache(t *testing.T) {
-	s := startServer(t, nil)
+	// At time scale 2 the cold prefill takes 0.8 s of wall time, so the fixed cost of parsing
+	// and tokenizing 32 kB (tens of ms under the race detector) cannot hide the cache hit.
+	s := startServer(t, func(c *Config) { c.TimeScale = 2 })
 	body := anthropicBody("", 4, user(words(1, 7990)))
 	first := post(t, s, "/v1/messages", body)
 	between := scrape(t, s)
@@ -253,7 +257,7 @@ func TestRepeatedLongPromptIsServedFromCache(t *testing.T) {
 	if first.text != second.text || len(first.text) != 4*tokenizer.CharsPerToken {
 		t.Errorf("same prompt, replies %q and %q; want the same 4 tokens", first.text, second.text)
 	}
-	t.Logf("TTFT cold %v, cached %v at time scale 10; hits +%v", first.ttft, second.ttft, hits)
+	t.Logf("TTFT cold %v, cached %v at time scale 2; hits +%v", first.ttft, second.ttft, hits)
 }
 
 func TestRankHeaderPinsTheEngine(t *testing.T) {
@@ -451,5 +455,45 @@ func TestClientThatLeavesAbortsItsRequest(t *testing.T) {
 			t.Fatalf("request not aborted: %v", m)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestStepsTakeScaledWallTime(t *testing.T) {
+	s := startServer(t, nil)
+	const outputTokens = 200
+	body := anthropicBody("", outputTokens, user(words(5, 1000)))
+	body["stream"] = false
+	start := time.Now()
+	post(t, s, "/v1/messages", body)
+	elapsed := time.Since(start)
+	p := s.cfg.Profile
+	prompt := len(tokenizer.ChatTokens("", []tokenizer.Message{user(words(5, 1000))}))
+	simulated := p.StepTime(prompt, 0)
+	for i := range outputTokens - 1 {
+		simulated += p.StepTime(0, prompt+i)
+	}
+	want := simulated / 10
+	// Lateness must not accumulate over the steps: what remains is HTTP and scheduling.
+	if elapsed < want || elapsed > want+50*time.Millisecond {
+		t.Fatalf("a reply of %v simulated took %v of wall time at scale 10, want about %v", simulated, elapsed, want)
+	}
+	t.Logf("%v simulated took %v of wall time at scale 10 (ideal %v)", simulated, elapsed, want)
+}
+
+func TestV026BalancerSeesPublishedLoad(t *testing.T) {
+	for _, tc := range []struct {
+		lb   dplb.Mode
+		want string
+	}{{dplb.V026Dense, "x/0"}, {dplb.V026, "x/1"}} {
+		s := startServer(t, func(c *Config) { c.DataParallelSize = 2; c.LB = tc.lb; c.ID = "x" })
+		ctx, cancel := context.WithCancel(context.Background())
+		busy, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url("/v1/messages"), strings.NewReader(`{"max_tokens":3000,"messages":[{"role":"user","content":"x"}]}`))
+		busy.Header.Set(RankHeader, "0")
+		go http.DefaultClient.Do(busy)
+		time.Sleep(50 * time.Millisecond) // 500 ms simulated: several publications
+		if got := post(t, s, "/v1/messages", anthropicBody("s", 1, user("hi"))).engine; got != tc.want {
+			t.Errorf("%s: an unpinned request beside a busy engine 0 went to %s, want %s", tc.lb, got, tc.want)
+		}
+		cancel()
 	}
 }
