@@ -12,7 +12,7 @@ import (
 // busySampler counts, at every (simulated) second, the engines with
 // requests running or waiting: the seed's "replicas busy".
 type busySampler struct {
-	sims     []*sim
+	sims     []*Sim
 	interval time.Duration
 
 	mu      sync.Mutex
@@ -20,7 +20,7 @@ type busySampler struct {
 	busy    int
 }
 
-func newBusySampler(sims []*sim, interval time.Duration) *busySampler {
+func newBusySampler(sims []*Sim, interval time.Duration) *busySampler {
 	return &busySampler{sims: sims, interval: interval}
 }
 
@@ -41,7 +41,7 @@ func (b *busySampler) sample(ctx context.Context) {
 	busy := 0
 	for _, s := range b.sims {
 		c, cancel := context.WithTimeout(ctx, b.interval)
-		sc, err := metricsfeed.Fetch(c, http.DefaultClient, metricsfeed.MetricsURL(s.addr), metricsfeed.DefaultMaxBytes)
+		sc, err := metricsfeed.Fetch(c, http.DefaultClient, metricsfeed.MetricsURL(s.Addr), metricsfeed.DefaultMaxBytes)
 		cancel()
 		if err != nil {
 			return // a sample cut by the end of the level

@@ -16,66 +16,93 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 )
 
-// sim is one running vllmsim process.
-type sim struct {
-	addr string
+// Sim is one running vllmsim process.
+type Sim struct {
+	Addr string // host:port of its API
+	bin  string
+	args []string
+	log  io.Writer
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-// startSims runs the simulated vLLM fleet: one server per replica, or one
+// StartSims runs the simulated vLLM fleet: one server per replica, or one
 // server with internal data parallelism.
-func startSims(ctx context.Context, bin string, o Options) ([]*sim, error) {
+func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 	servers, ranks := o.Replicas, 1
 	if o.Topology == TopologyRanks {
 		servers, ranks = 1, o.Replicas
 	}
-	var sims []*sim
+	var sims []*Sim
 	for i := range servers {
 		addr, err := caddyproc.FreeAddr()
 		if err != nil {
 			return nil, err
 		}
 		_, port, _ := net.SplitHostPort(addr)
-		args := append([]string{
+		s := &Sim{Addr: addr, bin: bin, log: o.logWriter(), args: append([]string{
 			"--port", port,
 			"--id", "r" + strconv.Itoa(i),
 			"--data-parallel-size", strconv.Itoa(ranks),
 			"--time-scale", strconv.FormatFloat(o.TimeScale, 'f', -1, 64),
 			"--seed", strconv.FormatUint(o.Seed, 10),
 			"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
-		}, o.SimArgs...)
-		cmd := exec.Command(bin, args...)
-		cmd.Stdout, cmd.Stderr = o.logWriter(), o.logWriter()
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			stopSims(sims)
+		}, o.SimArgs...)}
+		if err := s.start(); err != nil {
+			StopSims(sims)
 			return nil, err
 		}
-		s := &sim{addr: addr, cmd: cmd, done: make(chan struct{})}
-		go func() { _ = cmd.Wait(); close(s.done) }()
 		sims = append(sims, s)
 	}
 	for _, s := range sims {
-		if err := waitHealthy(ctx, s); err != nil {
-			stopSims(sims)
+		if err := s.WaitHealthy(ctx); err != nil {
+			StopSims(sims)
 			return nil, err
 		}
 	}
 	return sims, nil
 }
 
-func waitHealthy(ctx context.Context, s *sim) error {
+func (s *Sim) start() error {
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	return nil
+}
+
+// Kill ends the simulator with SIGKILL, as a crashed vLLM would end.
+func (s *Sim) Kill() {
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.done
+}
+
+// Restart starts a killed simulator again on the same port, with an empty
+// cache, and waits until it is healthy.
+func (s *Sim) Restart(ctx context.Context) error {
+	if err := s.start(); err != nil {
+		return err
+	}
+	return s.WaitHealthy(ctx)
+}
+
+// WaitHealthy waits until /health answers 200, for at most 30 s.
+func (s *Sim) WaitHealthy(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
 		case <-s.done:
-			return fmt.Errorf("vllmsim on %s exited at start", s.addr)
+			return fmt.Errorf("vllmsim on %s exited at start", s.Addr)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		resp, err := http.Get("http://" + s.addr + "/health")
+		resp, err := http.Get("http://" + s.Addr + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -83,10 +110,11 @@ func waitHealthy(ctx context.Context, s *sim) error {
 			}
 		}
 	}
-	return fmt.Errorf("vllmsim on %s not healthy within 30s", s.addr)
+	return fmt.Errorf("vllmsim on %s not healthy within 30s", s.Addr)
 }
 
-func stopSims(sims []*sim) {
+// StopSims ends the simulators: SIGTERM, then SIGKILL after 5 s.
+func StopSims(sims []*Sim) {
 	for _, s := range sims {
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	}
@@ -100,8 +128,8 @@ func stopSims(sims []*sim) {
 	}
 }
 
-// buildBinaries compiles Caddy and vllmsim into dir.
-func buildBinaries(ctx context.Context, dir string) (caddyBin, simBin string, err error) {
+// BuildBinaries compiles Caddy and vllmsim into dir.
+func BuildBinaries(ctx context.Context, dir string) (caddyBin, simBin string, err error) {
 	caddyBin, simBin = filepath.Join(dir, "caddy"), filepath.Join(dir, "vllmsim")
 	if err := caddyproc.Build(ctx, "./cmd/caddy", caddyBin); err != nil {
 		return "", "", err

@@ -88,13 +88,13 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	caddyBin, simBin, err := buildBinaries(ctx, dir)
+	caddyBin, simBin, err := BuildBinaries(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
 	var rows []report.Row
-	var sims []*sim
-	defer func() { stopSims(sims) }()
+	var sims []*Sim
+	defer func() { StopSims(sims) }()
 	var caddy *caddyproc.Process
 	defer func() {
 		if caddy != nil {
@@ -103,8 +103,8 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	}()
 	for i, policy := range o.Policies {
 		if sims == nil || (o.Fresh && i > 0) {
-			stopSims(sims)
-			if sims, err = startSims(ctx, simBin, o); err != nil {
+			StopSims(sims)
+			if sims, err = StartSims(ctx, simBin, o); err != nil {
 				return rows, err
 			}
 			if caddy != nil {
@@ -166,10 +166,10 @@ func (c config) withAdmin(admin string) string {
 
 // caddyfile is the Caddy config of a policy. Times inside warden (metrics
 // interval, active window) are divided by the time scale like the replicas'.
-func caddyfile(o Options, policy, site string, sims []*sim) config {
+func caddyfile(o Options, policy, site string, sims []*Sim) config {
 	var upstreams []string
 	for _, s := range sims {
-		upstreams = append(upstreams, s.addr)
+		upstreams = append(upstreams, s.Addr)
 	}
 	scaled := func(d time.Duration) string { return time.Duration(float64(d) / o.TimeScale).String() }
 	model := "replicas " + strings.Join(upstreams, " ")
@@ -223,8 +223,8 @@ func saveAdminJSON(caddy *caddyproc.Process, path string) error {
 }
 
 // runLevel runs one level and measures it.
-func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*sim) (report.Row, error) {
-	before, err := scrapeAll(ctx, sims)
+func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim) (report.Row, error) {
+	before, err := ScrapeAll(ctx, sims)
 	if err != nil {
 		return report.Row{}, err
 	}
@@ -243,7 +243,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 	if err != nil {
 		return report.Row{}, err
 	}
-	after, err := scrapeAll(ctx, sims)
+	after, err := ScrapeAll(ctx, sims)
 	if err != nil {
 		return report.Row{}, err
 	}
@@ -275,11 +275,12 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 	return row, nil
 }
 
-func scrapeAll(ctx context.Context, sims []*sim) ([]metricsfeed.Scrape, error) {
+// ScrapeAll reads every simulator's /metrics.
+func ScrapeAll(ctx context.Context, sims []*Sim) ([]metricsfeed.Scrape, error) {
 	out := make([]metricsfeed.Scrape, len(sims))
 	for i, s := range sims {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
-		sc, err := metricsfeed.Fetch(c, http.DefaultClient, metricsfeed.MetricsURL(s.addr), metricsfeed.DefaultMaxBytes)
+		sc, err := metricsfeed.Fetch(c, http.DefaultClient, metricsfeed.MetricsURL(s.Addr), metricsfeed.DefaultMaxBytes)
 		cancel()
 		if err != nil {
 			return nil, err
