@@ -189,8 +189,10 @@ func newFlagSet(cfg *Config, v *flagValues, out io.Writer) *flag.FlagSet {
 // durationFlag lets a Duration be a flag.
 type durationFlag Duration
 
+// String shows the duration as a flag default.
 func (d *durationFlag) String() string { return fmt.Sprint(Duration(*d)) }
 
+// Set reads a duration such as "5s".
 func (d *durationFlag) Set(s string) error {
 	return (*Duration)(d).UnmarshalJSON([]byte(fmt.Sprintf("%q", s)))
 }

@@ -35,8 +35,10 @@ var (
 // vllmCollector exports every engine's stats with vLLM's names and labels.
 type vllmCollector struct{ s *Server }
 
+// Describe sends the descriptors of the series Collect sends.
 func (c vllmCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
+// Collect sends every engine's series, altered by a nan or negative metrics fault.
 func (c vllmCollector) Collect(ch chan<- prometheus.Metric) {
 	value := func(v float64) float64 { return v }
 	switch c.s.Faults().Metrics {
