@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -117,14 +118,21 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if fault.Metrics == MetricsHuge {
-		for i := 0; body.Len() < hugeMetricsBytes; i++ {
-			fmt.Fprintf(&body, "vllmsim_filler{series=\"%d\"} %d\n", i, i)
-		}
-	}
 	w.Header().Set("Content-Type", string(format))
 	w.Write(body.Bytes())
+	if fault.Metrics == MetricsHuge {
+		w.Write(hugeFiller())
+	}
 }
+
+// hugeFiller is the valid but useless series a "huge" /metrics appends, built once.
+var hugeFiller = sync.OnceValue(func() []byte {
+	var b bytes.Buffer
+	for i := 0; b.Len() < hugeMetricsBytes; i++ {
+		fmt.Fprintf(&b, "vllmsim_filler{series=\"%d\"} %d\n", i, i)
+	}
+	return b.Bytes()
+})
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if status := s.Faults().HealthStatus; status != 0 {
