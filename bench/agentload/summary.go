@@ -2,6 +2,7 @@ package agentload
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"time"
 
@@ -110,7 +111,10 @@ func Summarize(results []Result, from, to time.Time) Summary {
 func stayed(bySession map[string][]Result) (float64, int) {
 	var sum float64
 	sessions := 0
-	for _, rs := range bySession {
+	// Sum in a fixed order: floating-point addition is not associative, and
+	// the same results must give the same summary to the last bit.
+	for _, id := range slices.Sorted(maps.Keys(bySession)) {
+		rs := bySession[id]
 		if len(rs) < 2 {
 			continue
 		}

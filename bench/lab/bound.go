@@ -1,0 +1,77 @@
+package lab
+
+// hitBound computes hit_bound_percent: the prefix-cache hit rate of an ideal
+// router on the same request stream, i.e. of one prefix cache of unlimited
+// size shared by every replica, so that nothing is ever evicted and no
+// conversation is ever on the wrong replica.
+//
+// Exact definition. Requests are taken in arrival order. A request's bound hit
+// is, in tokens, blockSize times the length of the longest run of its leading
+// full blocks whose contents some earlier request computed, counting at most
+// (len(prompt)-1)/blockSize blocks because the last prompt token is always
+// computed (its logits give the first output token), as vLLM's prefix lookup
+// does. A request computes its prompt's full blocks from its arrival on, and,
+// once finished, the full blocks of its prompt followed by its output tokens
+// except the last (whose KV is never computed). The bound is the sum of bound
+// hits over the sum of prompt tokens, over the same requests the engines'
+// counters cover (those admitted to an engine in the window), so it is
+// comparable with prefix_hit_percent and never below it.
+type hitBound struct {
+	blockSize int
+	seen      map[uint64]struct{}
+}
+
+func newHitBound(blockSize int) *hitBound {
+	return &hitBound{blockSize: blockSize, seen: map[uint64]struct{}{}}
+}
+
+// chain is where a token sequence's block hashes stopped: the hash of its
+// last full block and how many tokens those blocks cover.
+type chain struct {
+	hash   uint64
+	tokens int
+}
+
+// arrive returns the bound hit of a request with prompt, in tokens, and
+// records its prompt's full blocks as computed.
+func (b *hitBound) arrive(prompt []uint32) (hitTokens int, c chain) {
+	limit := (len(prompt) - 1) / b.blockSize
+	hitting := true
+	for blk := range len(prompt) / b.blockSize {
+		c = b.next(c, prompt)
+		if _, ok := b.seen[c.hash]; ok && hitting && blk < limit {
+			hitTokens = c.tokens
+		} else {
+			hitting = false
+		}
+		b.seen[c.hash] = struct{}{}
+	}
+	return hitTokens, c
+}
+
+// finish records the full blocks of prompt followed by the computed output
+// tokens (all but the last), continuing from the prompt's chain c.
+func (b *hitBound) finish(c chain, prompt, output []uint32) {
+	if len(output) < 2 {
+		return
+	}
+	tail := append(prompt[c.tokens:len(prompt):len(prompt)], output[:len(output)-1]...)
+	rest := chain{hash: c.hash}
+	for range len(tail) / b.blockSize {
+		rest = b.next(rest, tail)
+		b.seen[rest.hash] = struct{}{}
+	}
+}
+
+// next extends c by the block of tokens starting at c.tokens: FNV-1a, a token
+// at a time, over the parent hash and the block, so equal hashes mean equal
+// prefixes.
+func (b *hitBound) next(c chain, tokens []uint32) chain {
+	const prime = 1099511628211
+	h := uint64(14695981039346656037) ^ c.hash
+	h *= prime
+	for _, t := range tokens[c.tokens : c.tokens+b.blockSize] {
+		h = (h ^ uint64(t)) * prime
+	}
+	return chain{hash: h, tokens: c.tokens + b.blockSize}
+}

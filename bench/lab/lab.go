@@ -1,0 +1,202 @@
+// Package lab is the virtual-time benchmark: the seed's workload (bench/agentload),
+// simulated vLLM engines (bench/vllmsim/engine) and a routing policy, run as a
+// deterministic discrete-event simulation with no HTTP and no goroutines, so
+// that every routing rule can be compared at every level in seconds.
+//
+// Requests are tokenized exactly as the simulator's HTTP server tokenizes
+// them, and each reply the engine generates goes back into the session's
+// history, so multi-turn prefix hits are faithful. The warden policy is the
+// real selection.Router, fed the engines' metrics only at each metrics poll,
+// so stale load is modelled too. Baselines are vLLM's internal balancer
+// (bench/vllmsim/dplb) and Caddy's own header, least_conn and round_robin.
+//
+// Each (policy, level) starts from a fresh fleet (empty caches, zeroed
+// counters) unless Config.Warm is set, in which case one fleet serves every
+// run of a seed in order, policies then levels, as the seed's own
+// measurements did (affinity off then on without restarting vLLM); its
+// policies then keep their state across levels too.
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/report"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+)
+
+// Config is everything a lab run depends on besides the policy, the level and the seed.
+type Config struct {
+	// Workload is the session model; its Seed is replaced by each run's seed.
+	Workload agentload.Config
+	// Profile is every engine's model.
+	Profile engine.Profile
+	// Replicas is the number of engines.
+	Replicas int
+	// Duration is the simulated length of each run (one level of one policy).
+	Duration time.Duration
+	// MetricsInterval is how often the warden policy sees the engines' metrics.
+	MetricsInterval time.Duration
+	// SpillThreshold is the warden's spill threshold; 0 is auto (max_num_seqs/4).
+	SpillThreshold int
+	// Warm keeps one fleet for all runs of a seed instead of a fresh one per run.
+	Warm bool
+}
+
+// DefaultConfig is the seed's setup: its workload on 4 engines of the
+// a4000-qwen3-4b profile, 3 minutes per level, metrics every second.
+func DefaultConfig() Config {
+	return Config{
+		Workload:        agentload.DefaultConfig(),
+		Profile:         engine.Profiles[engine.DefaultProfile],
+		Replicas:        4,
+		Duration:        3 * time.Minute,
+		MetricsInterval: time.Second,
+	}
+}
+
+// Validate reports the first setting that cannot run.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Replicas < 1 {
+		errs = append(errs, fmt.Errorf("replicas must be at least 1, got %d", c.Replicas))
+	}
+	if c.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("duration must be positive, got %v", c.Duration))
+	}
+	if c.MetricsInterval <= 0 {
+		errs = append(errs, fmt.Errorf("metrics interval must be positive, got %v", c.MetricsInterval))
+	}
+	if c.SpillThreshold < 0 {
+		errs = append(errs, fmt.Errorf("spill threshold must be 0 (auto) or positive, got %d", c.SpillThreshold))
+	}
+	errs = append(errs, c.Workload.Validate(), c.Profile.Validate())
+	return errors.Join(errs...)
+}
+
+// Run simulates policy with sessions concurrent sessions for cfg.Duration
+// from a fresh fleet and returns its row of the table.
+func Run(cfg Config, policy string, sessions int, seed int64) (report.Row, error) {
+	rows, err := Sweep(cfg, Plan{Policies: []string{policy}, Levels: []int{sessions}, Seeds: []int64{seed}}, 1, nil)
+	if err != nil {
+		return report.Row{}, err
+	}
+	return rows[0], nil
+}
+
+// Plan lists the runs of a sweep: every policy at every level for every seed.
+type Plan struct {
+	Policies []string
+	Levels   []int
+	Seeds    []int64
+}
+
+// Runs is the number of (policy, level, seed) runs in the plan.
+func (p Plan) Runs() int { return len(p.Policies) * len(p.Levels) * len(p.Seeds) }
+
+func (p Plan) check() error {
+	if p.Runs() == 0 {
+		return errors.New("lab: the plan needs at least one policy, level and seed")
+	}
+	for _, l := range p.Levels {
+		if l < 1 {
+			return fmt.Errorf("lab: sessions must be at least 1, got %d", l)
+		}
+	}
+	return CheckPolicies(p.Policies)
+}
+
+// Sweep runs the plan on up to workers goroutines (0: one per CPU) and returns
+// one row per run, ordered by seed, policy, then level. The rows do not depend
+// on workers. progress, if not nil, is called after each run, from any
+// goroutine but never concurrently.
+func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	if err := plan.check(); err != nil {
+		return nil, err
+	}
+	// A job is what must run in sequence: one run from a fresh fleet, or a
+	// whole seed on its warm fleet.
+	type job struct {
+		seed     int64
+		policies []string
+		levels   []int
+		first    int // index of the job's first row
+	}
+	var jobs []job
+	for _, seed := range plan.Seeds {
+		if cfg.Warm {
+			jobs = append(jobs, job{seed, plan.Policies, plan.Levels, len(jobs) * len(plan.Policies) * len(plan.Levels)})
+			continue
+		}
+		for _, p := range plan.Policies {
+			for _, l := range plan.Levels {
+				jobs = append(jobs, job{seed, []string{p}, []int{l}, len(jobs)})
+			}
+		}
+	}
+	rows := make([]report.Row, plan.Runs())
+	errs := make([]error, len(jobs))
+	var progressMu sync.Mutex
+	done := func() {
+		if progress != nil {
+			progressMu.Lock()
+			progress()
+			progressMu.Unlock()
+		}
+	}
+	if workers <= 0 {
+		workers = runtime.NumCPU()
+	}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(workers, len(jobs)) {
+		wg.Go(func() {
+			for i := range next {
+				j := jobs[i]
+				errs[i] = runSeries(cfg, j.seed, j.policies, j.levels, rows[j.first:], done)
+			}
+		})
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// runSeries runs policies x levels in order on one fleet, writing rows in order.
+func runSeries(cfg Config, seed int64, policies []string, levels []int, rows []report.Row, done func()) error {
+	f, err := newFleet(cfg)
+	if err != nil {
+		return err
+	}
+	i := 0
+	for _, name := range policies {
+		env := newEnv(cfg, f, seed)
+		policy, err := policyFactories[name](env)
+		if err != nil {
+			return fmt.Errorf("lab: policy %s: %w", name, err)
+		}
+		for _, sessions := range levels {
+			out, err := simulate(env, policy, sessions, seed)
+			if err != nil {
+				return fmt.Errorf("lab: %s at %d sessions, seed %d: %w", name, sessions, seed, err)
+			}
+			rows[i] = out.row(name)
+			i++
+			done()
+		}
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package lab
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+)
+
+// Policy routes requests to engines, as a proxy in front of them would.
+type Policy interface {
+	// Pick chooses the engine for a request of the session named key (the
+	// session header's value) arriving at now. It returns -1 when no engine
+	// can take it; otherwise release is called once when the request ends,
+	// however it ends.
+	Pick(key string, now time.Duration) (engine int, release func())
+}
+
+// PolicyFactory builds a policy over env's engines. It may register periodic
+// work with env.Every (metrics polls, sweeps).
+type PolicyFactory func(env *Env) (Policy, error)
+
+// Env is what a policy sees of the simulated fleet: the engines' addresses and
+// their exported stats, a seeded random stream and a virtual-time scheduler.
+type Env struct {
+	cfg   Config
+	fleet *fleet
+	rng   *rand.Rand
+	tasks []*task
+}
+
+// task is periodic work of a policy; next survives from one run to the next
+// when the fleet is kept warm.
+type task struct {
+	interval time.Duration
+	next     time.Duration
+	fn       func(now time.Duration)
+}
+
+func newEnv(cfg Config, f *fleet, seed int64) *Env {
+	return &Env{cfg: cfg, fleet: f, rng: rand.New(rand.NewPCG(uint64(seed), 0x1ab))}
+}
+
+// Config returns the lab's configuration (profile, metrics interval, spill threshold).
+func (e *Env) Config() Config { return e.cfg }
+
+// Engines returns the number of engines.
+func (e *Env) Engines() int { return len(e.fleet.engines) }
+
+// Address returns engine i's upstream address, as a proxy would dial it.
+func (e *Env) Address(i int) string { return e.fleet.addresses[i] }
+
+// Stats returns what engine i's /metrics shows now.
+func (e *Env) Stats(i int) engine.Stats { return e.fleet.engines[i].Stats() }
+
+// Rand is the policy's own random stream, seeded by the run's seed.
+func (e *Env) Rand() *rand.Rand { return e.rng }
+
+// Every calls fn now and then every interval of virtual time while requests run.
+func (e *Env) Every(interval time.Duration, fn func(now time.Duration)) {
+	e.tasks = append(e.tasks, &task{interval: interval, next: e.fleet.clock, fn: fn})
+}
+
+// Policy names of DESIGN §4, plus vLLM balancer variants.
+const (
+	PolicyWarden     = "warden"
+	PolicyOff        = "off"
+	PolicyVLLM       = "vllm"
+	PolicyVLLMv026   = "vllm-v026"
+	PolicyVLLMv027   = "vllm-v027"
+	PolicyHeader     = "header"
+	PolicyLeastConn  = "least_conn"
+	PolicyRoundRobin = "round_robin"
+)
+
+// DefaultPolicies are the rules the benchmark compares by default.
+var DefaultPolicies = []string{PolicyWarden, PolicyOff, PolicyVLLM, PolicyHeader, PolicyLeastConn, PolicyRoundRobin}
+
+// PolicyNames lists every policy the lab knows, sorted.
+func PolicyNames() []string {
+	names := make([]string, 0, len(policyFactories))
+	for name := range policyFactories {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// CheckPolicies reports the first name the lab does not know.
+func CheckPolicies(names []string) error {
+	for _, n := range names {
+		if _, ok := policyFactories[n]; !ok {
+			return fmt.Errorf("unknown policy %q (known: %v)", n, PolicyNames())
+		}
+	}
+	return nil
+}

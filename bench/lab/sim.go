@@ -1,0 +1,395 @@
+package lab
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/report"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
+)
+
+// epoch is the wall-clock instant of virtual time 0, for the Results and the router.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func virtualTime(d time.Duration) time.Time { return epoch.Add(d) }
+
+const (
+	// busySampleInterval is how often the busy replicas are counted (DESIGN §1).
+	busySampleInterval = time.Second
+	// errorRetryDelay is how long a slot whose request failed waits before
+	// starting a new session: over HTTP an error reply takes time, and in
+	// virtual time an instant retry of a request that always fails would
+	// never let the clock move.
+	errorRetryDelay = 100 * time.Millisecond
+	// notAdmitted marks an engine request that no engine has scheduled yet:
+	// the engine overwrites CachedTokens when it first schedules a request,
+	// the moment it counts the request's prefix-cache query.
+	notAdmitted = -1
+)
+
+// fleet is the simulated engines and what outlives a run on a warm fleet.
+type fleet struct {
+	engines   []*engine.Engine
+	addresses []string
+	bound     *hitBound
+	clock     time.Duration // virtual time reached; the next run starts here
+}
+
+func newFleet(cfg Config) (*fleet, error) {
+	f := &fleet{bound: newHitBound(cfg.Profile.BlockSize)}
+	for i := range cfg.Replicas {
+		e, err := engine.New(cfg.Profile)
+		if err != nil {
+			return nil, err
+		}
+		f.engines = append(f.engines, e)
+		// As a servers topology would list them behind Caddy.
+		f.addresses = append(f.addresses, fmt.Sprintf("127.0.0.1:%d", 8001+i))
+	}
+	return f, nil
+}
+
+// counters adds up the engines' counters.
+func (f *fleet) counters() engine.Stats {
+	var sum engine.Stats
+	for _, e := range f.engines {
+		s := e.Stats()
+		sum.PrefixCacheQueries += s.PrefixCacheQueries
+		sum.PrefixCacheHits += s.PrefixCacheHits
+		sum.Preemptions += s.Preemptions
+		sum.GenerationTokens += s.GenerationTokens
+		for i, n := range s.RequestSuccess {
+			sum.RequestSuccess[i] += n
+		}
+	}
+	return sum
+}
+
+type eventKind uint8
+
+const (
+	eventTask      eventKind = iota // index: a policy task
+	eventSample                     // count busy replicas
+	eventSend                       // index: a slot sends its session's next turn
+	eventStepStart                  // index: an engine starts a step if it has work
+	eventStepEnd                    // index: an engine's step ends; its tokens arrive
+)
+
+type event struct {
+	at    time.Duration
+	seq   uint64 // ties run in the order they were scheduled
+	kind  eventKind
+	index int
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// slot is one closed-loop user: it keeps one session busy, one request at a time.
+type slot struct {
+	session *agentload.Session
+	current *request
+}
+
+// request is one turn in flight.
+type request struct {
+	slot     int
+	engine   int
+	release  func()
+	session  *agentload.Session
+	req      *engine.Request
+	chain    chain // the prompt's block hashes, for the hit bound
+	boundHit int   // the hit bound's tokens for this prompt
+	received int   // tokens delivered to the client
+	result   agentload.Result
+}
+
+// sim is one run: a policy serving a level of sessions over [start, end].
+type sim struct {
+	env        *Env
+	fleet      *fleet
+	policy     Policy
+	gen        *agentload.Generator
+	seed       int64
+	start, end time.Duration
+	now        time.Duration
+
+	queue      eventQueue
+	seq        uint64
+	stepping   []bool           // a step of the engine is scheduled or running
+	stepEvents [][]engine.Event // tokens of each engine's running step
+	slots      []slot
+	byRequest  map[*engine.Request]*request
+	results    []agentload.Result
+
+	busySamples, busyTotal  int
+	boundHits, boundQueries uint64
+	routed                  int
+}
+
+// outcome is a run's measurements, with what the tests check besides the row.
+type outcome struct {
+	sim           *sim
+	summary       agentload.Summary
+	before, after engine.Stats
+}
+
+func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, error) {
+	cfg := env.Config()
+	wl := cfg.Workload
+	wl.Seed = seed
+	gen, err := agentload.NewGenerator(wl)
+	if err != nil {
+		return nil, err
+	}
+	f := env.fleet
+	s := &sim{
+		env: env, fleet: f, policy: policy, gen: gen, seed: seed,
+		start: f.clock, end: f.clock + cfg.Duration, now: f.clock,
+		stepping:   make([]bool, len(f.engines)),
+		stepEvents: make([][]engine.Event, len(f.engines)),
+		slots:      make([]slot, sessions),
+		byRequest:  map[*engine.Request]*request{},
+	}
+	out := &outcome{sim: s, before: f.counters()}
+	// Policy tasks first, so that a metrics poll at the start precedes the
+	// first requests, as a proxy started before the load would have polled.
+	for i, t := range env.tasks {
+		s.schedule(max(t.next, s.start), eventTask, i)
+	}
+	s.schedule(s.start+busySampleInterval, eventSample, 0)
+	for i := range s.slots {
+		s.schedule(s.start, eventSend, i)
+	}
+	for s.queue.Len() > 0 && s.queue[0].at <= s.end {
+		ev := heap.Pop(&s.queue).(event)
+		s.now = ev.at
+		switch ev.kind {
+		case eventTask:
+			t := env.tasks[ev.index]
+			t.fn(s.now)
+			t.next = s.now + t.interval
+			s.schedule(t.next, eventTask, ev.index)
+		case eventSample:
+			s.sampleBusy()
+			s.schedule(s.now+busySampleInterval, eventSample, 0)
+		case eventSend:
+			s.send(ev.index)
+		case eventStepStart:
+			s.startStep(ev.index)
+		case eventStepEnd:
+			s.endStep(ev.index)
+		}
+	}
+	s.now = s.end
+	s.cutInFlight()
+	f.clock = s.end
+	out.after = f.counters()
+	out.summary = agentload.Summarize(s.results, virtualTime(s.start), virtualTime(s.end))
+	return out, nil
+}
+
+func (s *sim) schedule(at time.Duration, kind eventKind, index int) {
+	s.seq++
+	heap.Push(&s.queue, event{at: at, seq: s.seq, kind: kind, index: index})
+}
+
+// send starts the slot's next turn, with a new session when the last one is
+// over, and routes it.
+func (s *sim) send(slotIndex int) {
+	sl := &s.slots[slotIndex]
+	if sl.session == nil || sl.session.Done() {
+		sl.session = s.gen.NewSession()
+	}
+	turn, _ := sl.session.Next()
+	msgs := make([]tokenizer.Message, len(turn.Messages))
+	for i, m := range turn.Messages {
+		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	prompt := tokenizer.ChatTokens(turn.System, msgs)
+	r := &request{
+		slot:    slotIndex,
+		session: sl.session,
+		req: &engine.Request{
+			Prompt:       prompt,
+			MaxTokens:    turn.MaxTokens,
+			Output:       tokenizer.Reply(replySeed(s.seed, sl.session.Index, turn.Index), turn.MaxTokens, false),
+			CachedTokens: notAdmitted,
+		},
+		result: agentload.Result{
+			SessionID: sl.session.ID, SessionIndex: sl.session.Index, Turn: turn.Index, LastTurn: turn.Last,
+			Start: virtualTime(s.now), PromptTokens: len(prompt), CacheReported: true,
+		},
+	}
+	s.routed++
+	eng, release := s.policy.Pick(sl.session.ID, s.now)
+	if eng < 0 {
+		s.fail(r, 502, errors.New("no replica available"))
+		return
+	}
+	r.engine, r.release = eng, release
+	if err := s.fleet.engines[eng].Add(r.req, s.now); err != nil {
+		release()
+		s.fail(r, 400, err)
+		return
+	}
+	r.result.Engine = s.fleet.addresses[eng]
+	r.boundHit, r.chain = s.fleet.bound.arrive(prompt)
+	sl.current = r
+	s.byRequest[r.req] = r
+	if !s.stepping[eng] {
+		s.stepping[eng] = true
+		s.schedule(s.now, eventStepStart, eng)
+	}
+}
+
+// fail records a request that got no reply; the slot drops its session and
+// starts a new one a little later, as the HTTP runner does after an error.
+func (s *sim) fail(r *request, status int, err error) {
+	r.result.End, r.result.Status, r.result.Err = virtualTime(s.now), status, err
+	s.results = append(s.results, r.result)
+	s.slots[r.slot].session = nil
+	s.schedule(s.now+errorRetryDelay, eventSend, r.slot)
+}
+
+// startStep runs the engine's next step, if it has work, until its end event.
+func (s *sim) startStep(eng int) {
+	dur, events := s.fleet.engines[eng].Step(s.now)
+	if dur == 0 {
+		s.stepping[eng] = false
+		return
+	}
+	s.stepEvents[eng] = append(s.stepEvents[eng][:0], events...)
+	s.schedule(s.now+dur, eventStepEnd, eng)
+}
+
+// endStep delivers the step's tokens, which may send follow-up turns, then
+// starts the engine's next step at once, as vLLM's busy loop does.
+func (s *sim) endStep(eng int) {
+	for _, ev := range s.stepEvents[eng] {
+		r := s.byRequest[ev.Req]
+		r.received++
+		if ev.First {
+			r.result.FirstToken = virtualTime(s.now)
+		}
+		if ev.Finished {
+			s.finish(r)
+		}
+	}
+	s.startStep(eng)
+}
+
+// finish records a completed request and sends the session's next turn at once.
+func (s *sim) finish(r *request) {
+	r.release()
+	delete(s.byRequest, r.req)
+	s.slots[r.slot].current = nil
+	output := r.req.Output[:r.received]
+	r.result.End, r.result.Status = virtualTime(s.now), 200
+	r.result.OutputTokens, r.result.CachedTokens = r.received, r.req.CachedTokens
+	s.results = append(s.results, r.result)
+	s.fleet.bound.finish(r.chain, r.req.Prompt, output)
+	s.countBound(r)
+	r.session.Reply(tokenizer.Text(output))
+	s.send(r.slot)
+}
+
+// cutInFlight ends the run: requests still in flight are aborted in their
+// engines and recorded as cut, as the HTTP runner records them.
+func (s *sim) cutInFlight() {
+	for i := range s.slots {
+		r := s.slots[i].current
+		if r == nil {
+			continue
+		}
+		s.fleet.engines[r.engine].Abort(r.req)
+		r.release()
+		r.result.End, r.result.Cut, r.result.Status = virtualTime(s.end), true, 200
+		r.result.OutputTokens = r.received
+		if r.req.CachedTokens != notAdmitted {
+			r.result.CachedTokens = r.req.CachedTokens
+			s.countBound(r)
+		}
+		s.results = append(s.results, r.result)
+		s.slots[i].current = nil
+	}
+	clear(s.byRequest)
+	for i := range s.stepping {
+		s.stepping[i] = false
+	}
+}
+
+// countBound adds an admitted request to the hit bound's totals, which thus
+// cover the same requests as the engines' prefix-cache counters.
+func (s *sim) countBound(r *request) {
+	s.boundHits += uint64(r.boundHit)
+	s.boundQueries += uint64(len(r.req.Prompt))
+}
+
+func (s *sim) sampleBusy() {
+	busy := 0
+	for _, e := range s.fleet.engines {
+		if st := e.Stats(); st.Running+st.Waiting > 0 {
+			busy++
+		}
+	}
+	s.busyTotal += busy
+	s.busySamples++
+}
+
+// replySeed picks the engine's reply for a turn. The simulator's server seeds
+// it from the prompt; any per-turn seed gives the same statistics.
+func replySeed(seed int64, session, turn int) uint64 {
+	x := uint64(seed)*0x9e3779b97f4a7c15 ^ uint64(session)<<20 ^ uint64(turn)
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// row turns the outcome into the table's row.
+func (o *outcome) row(policy string) report.Row {
+	s, sum := o.sim, o.summary
+	queries := o.after.PrefixCacheQueries - o.before.PrefixCacheQueries
+	hits := o.after.PrefixCacheHits - o.before.PrefixCacheHits
+	r := report.Row{
+		Mode: report.ModeLab, Policy: policy, Sessions: len(s.slots), Seed: s.seed,
+		DurationS:          (s.end - s.start).Seconds(),
+		SessionsPerHour:    sum.SessionsPerHour,
+		OutputTokensPerMin: sum.OutputTokensPerMin,
+		TTFBP50S:           sum.TTFBP50.Seconds(),
+		TTFBP95S:           sum.TTFBP95.Seconds(),
+		StayedPercent:      sum.StayedPercent,
+		Requests:           sum.Requests,
+		Errors:             sum.Errors,
+		Cut:                sum.Cut,
+		SessionsCompleted:  sum.SessionsCompleted,
+		Preemptions:        o.after.Preemptions - o.before.Preemptions,
+		Replicas:           len(s.fleet.engines),
+	}
+	if s.busySamples > 0 {
+		r.ReplicasBusy = float64(s.busyTotal) / float64(s.busySamples)
+	}
+	if queries > 0 {
+		r.PrefixHitPercent = 100 * float64(hits) / float64(queries)
+	}
+	if s.boundQueries > 0 {
+		r.HitBoundPercent = 100 * float64(s.boundHits) / float64(s.boundQueries)
+	}
+	return r
+}

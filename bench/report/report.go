@@ -1,0 +1,127 @@
+// Package report holds the benchmark's result rows and shows them: the text
+// table of DESIGN §1 with the seed's own numbers beside ours, the JSON file of
+// DESIGN §4, and PNG plots. Both the virtual-time lab and the end-to-end run
+// produce Rows and hand them to this package.
+package report
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+)
+
+// Modes of a Row.
+const (
+	// ModeLab is a virtual-time run of bench/lab.
+	ModeLab = "lab"
+	// ModeRun is an end-to-end run through Caddy and simulated replicas.
+	ModeRun = "run"
+	// ModeSeed is a row of the seed's own measurements (DESIGN §1).
+	ModeSeed = "seed"
+)
+
+// Row is one policy at one concurrency level for one seed: the columns of the
+// seed's table plus what helps explain them. Its JSON form is DESIGN §4's.
+type Row struct {
+	// Mode is ModeLab, ModeRun or ModeSeed.
+	Mode string `json:"mode"`
+	// Policy is the routing rule (DESIGN §4 names: warden, off, vllm, ...).
+	Policy string `json:"policy"`
+	// Sessions is the number of concurrent sessions (the level).
+	Sessions int `json:"sessions"`
+	// Seed drew the workload.
+	Seed int64 `json:"seed"`
+	// DurationS is the measured window in seconds.
+	DurationS float64 `json:"duration_s"`
+
+	SessionsPerHour    float64 `json:"sessions_per_hour"`
+	OutputTokensPerMin float64 `json:"output_tokens_per_min"`
+	// TTFBP50S and TTFBP95S are client-side time to first token percentiles, in seconds.
+	TTFBP50S float64 `json:"ttfb_p50_s"`
+	TTFBP95S float64 `json:"ttfb_p95_s"`
+	// ReplicasBusy averages, over one sample per second, the replicas with
+	// requests in flight.
+	ReplicasBusy float64 `json:"replicas_busy"`
+	// PrefixHitPercent is prompt tokens served from cache over prompt tokens
+	// requested, from the engines' own counters over the window.
+	PrefixHitPercent float64 `json:"prefix_hit_percent"`
+	// StayedPercent is the mean share of a session's requests served by the
+	// replica that served its first one.
+	StayedPercent float64 `json:"stayed_percent"`
+	// HitBoundPercent is the best prefix hit rate any router could reach on
+	// the same request stream (see bench/lab for the exact definition).
+	HitBoundPercent float64 `json:"hit_bound_percent"`
+
+	// Requests counts the requests that ended in the window; Errors and Cut
+	// (still in flight when the window closed) are among them.
+	Requests          int `json:"requests"`
+	Errors            int `json:"errors"`
+	Cut               int `json:"cut"`
+	SessionsCompleted int `json:"sessions_completed"`
+	// Preemptions is the engines' preemption count over the window.
+	Preemptions uint64 `json:"preemptions"`
+	// Replicas is the number of replicas (engines) behind the router.
+	Replicas int `json:"replicas,omitempty"`
+	// Topology is how the end-to-end run laid out replicas: servers or ranks.
+	Topology string `json:"topology,omitempty"`
+}
+
+// File is the JSON document written by --json.
+type File struct {
+	Runs []Row `json:"runs"`
+}
+
+// WriteJSON writes rows to path as a File. Seed rows, which leave some
+// columns unmeasured (NaN), cannot be written.
+func WriteJSON(path string, rows []Row) error {
+	for _, r := range rows {
+		if err := checkFinite(r); err != nil {
+			return err
+		}
+	}
+	if rows == nil {
+		rows = []Row{}
+	}
+	b, err := json.MarshalIndent(File{Runs: rows}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// ReadJSON reads a File written by WriteJSON, refusing unknown fields so that
+// a schema drift shows.
+func ReadJSON(path string) ([]Row, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	dec.DisallowUnknownFields()
+	var file File
+	if err := dec.Decode(&file); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if file.Runs == nil {
+		return nil, fmt.Errorf("%s: no \"runs\" array", path)
+	}
+	return file.Runs, nil
+}
+
+// checkFinite rejects a row with a NaN or infinite number, which JSON cannot hold.
+func checkFinite(r Row) error {
+	v := reflect.ValueOf(r)
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.Float64 && (math.IsNaN(f.Float()) || math.IsInf(f.Float(), 0)) {
+			return fmt.Errorf("row %s/%s/%d: %s is %v", r.Mode, r.Policy, r.Sessions, v.Type().Field(i).Name, f.Float())
+		}
+	}
+	return nil
+}
+
+// errNoRows is returned by the plots when there is nothing to draw.
+var errNoRows = errors.New("report: no rows to plot")

@@ -1,0 +1,215 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func sampleRows() []Row {
+	var rows []Row
+	for _, seed := range []int64{1, 2} {
+		for _, sessions := range []int{4, 16} {
+			for i, policy := range []string{"warden", "vllm"} {
+				f := float64(seed) + float64(i)
+				rows = append(rows, Row{
+					Mode: ModeLab, Policy: policy, Sessions: sessions, Seed: seed, DurationS: 180,
+					SessionsPerHour: 200 + 10*f, OutputTokensPerMin: 7000 + 100*f,
+					TTFBP50S: 0.1 * f * float64(sessions), TTFBP95S: 0.5 * f * float64(sessions),
+					ReplicasBusy: 3.5, PrefixHitPercent: 80 + 10*float64(seed) - 30*float64(i),
+					StayedPercent: 100, HitBoundPercent: 86, Requests: 100, Preemptions: uint64(seed), Replicas: 4,
+				})
+			}
+		}
+	}
+	return rows
+}
+
+func TestJSONRoundTripKeepsDesignFields(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "results.json")
+	rows := sampleRows()
+	if err := WriteJSON(path, rows); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadJSON(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, rows) {
+		t.Fatalf("round trip changed the rows:\n%+v\n%+v", back, rows)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string][]map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	runs := doc["runs"]
+	if len(runs) != len(rows) {
+		t.Fatalf("%d runs in the file, want %d", len(runs), len(rows))
+	}
+	// DESIGN §4's fields, with its types.
+	for _, key := range []string{"mode", "policy"} {
+		if _, ok := runs[0][key].(string); !ok {
+			t.Errorf("field %q missing or not a string: %v", key, runs[0][key])
+		}
+	}
+	for _, key := range []string{"sessions", "seed", "duration_s", "sessions_per_hour", "output_tokens_per_min",
+		"ttfb_p50_s", "ttfb_p95_s", "replicas_busy", "prefix_hit_percent", "stayed_percent", "hit_bound_percent"} {
+		if _, ok := runs[0][key].(float64); !ok {
+			t.Errorf("field %q missing or not a number: %v", key, runs[0][key])
+		}
+	}
+	if runs[0]["mode"] != "lab" || runs[0]["sessions"] != 4.0 || runs[0]["ttfb_p95_s"] != rows[0].TTFBP95S {
+		t.Errorf("first run reads %v", runs[0])
+	}
+}
+
+func TestJSONRefusesWhatItCannotHold(t *testing.T) {
+	dir := t.TempDir()
+	if err := WriteJSON(filepath.Join(dir, "seed.json"), SeedRows); err == nil {
+		t.Error("wrote the seed's rows, whose unmeasured columns are NaN")
+	}
+	drift := filepath.Join(dir, "drift.json")
+	os.WriteFile(drift, []byte(`{"runs":[{"mode":"lab","policy":"warden","ttfb_p50":1}]}`), 0o644)
+	if _, err := ReadJSON(drift); err == nil {
+		t.Error("read a file with an unknown field")
+	}
+	empty := filepath.Join(dir, "empty.json")
+	if err := WriteJSON(empty, nil); err != nil {
+		t.Fatal(err)
+	}
+	if rows, err := ReadJSON(empty); err != nil || len(rows) != 0 {
+		t.Errorf("empty file read as %v, %v", rows, err)
+	}
+}
+
+func TestTableShowsSeedBesideOursWithSpread(t *testing.T) {
+	var out bytes.Buffer
+	if err := PrintTable(&out, sampleRows()); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	find := func(sessions, label string) []string {
+		for _, l := range lines {
+			if f := strings.Fields(l); len(f) > 2 && f[0] == sessions && strings.Join(f[1:len(f)-len(tableMetrics)-1], " ") == label {
+				return f[len(f)-len(tableMetrics):]
+			}
+		}
+		t.Fatalf("no line for %s sessions, %q in\n%s", sessions, label, text)
+		return nil
+	}
+	column := func(m metric) int {
+		return slices.IndexFunc(tableMetrics, func(c metric) bool { return c.header == m.header })
+	}
+
+	seedOn := find("4", "seed on")
+	if seedOn[column(prefixHits)] != "86.4" || seedOn[column(hitBound)] != "-" || seedOn[column(preemptions)] != "-" {
+		t.Errorf("seed on at 4 sessions: %v", seedOn)
+	}
+	if find("16", "seed off")[column(stayedPercent)] != "-" {
+		t.Error("the seed reported no stayed share for affinity off")
+	}
+	// Two seeds: 90 and 100 hits average 95 with a standard deviation of 7.1.
+	if got := find("4", "warden")[column(prefixHits)]; got != "95.0±7.1" {
+		t.Errorf("warden hits cell %q, want 95.0±7.1", got)
+	}
+	if got := find("16", "vllm")[column(outputPerMin)]; got != "7,250±71" {
+		t.Errorf("vllm output cell %q, want 7,250±71", got)
+	}
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 0 && f[0] != "4" && f[0] != "16" && f[0] != "Sessions" {
+			t.Errorf("a level absent from the rows was printed: %q", l)
+		}
+	}
+	// Seed rows come first at each level.
+	var order []string
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == "4" {
+			order = append(order, f[1])
+		}
+	}
+	if !slices.Equal(order, []string{"seed", "seed", "warden", "vllm"}) {
+		t.Errorf("order at 4 sessions %v", order)
+	}
+}
+
+func TestTablePrefixesModesWhenMixed(t *testing.T) {
+	rows := sampleRows()[:2]
+	run := rows[0]
+	run.Mode = ModeRun
+	var out bytes.Buffer
+	if err := PrintTable(&out, append(rows, run)); err != nil {
+		t.Fatal(err)
+	}
+	for _, label := range []string{"lab warden", "lab vllm", "run warden"} {
+		if !strings.Contains(out.String(), label) {
+			t.Errorf("no %q in\n%s", label, out.String())
+		}
+	}
+}
+
+func TestPlotsAreValidPNGs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "plots")
+	rows := sampleRows()
+	rows[0].TTFBP50S = 0 // a log scale cannot show it; it must be left out, not crash
+	paths, err := WritePlots(dir, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{TTFBPlot, PrefixHitsPlot, OutputTokensPlot}
+	if len(paths) != len(want) {
+		t.Fatalf("wrote %v, want %v", paths, want)
+	}
+	for i, p := range paths {
+		if filepath.Base(p) != want[i] {
+			t.Errorf("plot %d is %s, want %s", i, p, want[i])
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		b := img.Bounds()
+		if b.Dx() < 300 || b.Dy() < 200 {
+			t.Errorf("%s is %dx%d", p, b.Dx(), b.Dy())
+		}
+		if want[i] == TTFBPlot && b.Dx() < 2*b.Dy() {
+			t.Errorf("%s should hold two panels side by side, is %dx%d", p, b.Dx(), b.Dy())
+		}
+	}
+	if _, err := WritePlots(dir, nil); err == nil {
+		t.Error("plotted no rows")
+	}
+}
+
+func TestSeedRowsMatchTheDesignTable(t *testing.T) {
+	if len(SeedRows) != 10 {
+		t.Fatalf("%d seed rows, want 10", len(SeedRows))
+	}
+	for _, r := range SeedRows {
+		if r.Mode != ModeSeed || (r.Policy == "off") != math.IsNaN(r.StayedPercent) {
+			t.Errorf("seed row %+v", r)
+		}
+	}
+	if r := SeedRows[9]; r.Sessions != 32 || r.TTFBP50S != 27.66 || r.StayedPercent != 67.3 {
+		t.Errorf("seed on at 32 sessions: %+v", r)
+	}
+	if got := SeedFor([]Row{{Sessions: 8}, {Sessions: 24}}); len(got) != 4 || got[0].Sessions != 8 || got[3].Sessions != 24 {
+		t.Errorf("SeedFor(8, 24) = %+v", got)
+	}
+}

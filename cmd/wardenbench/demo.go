@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/lab"
+)
+
+// Demo settings: 4 simulated replicas behind Caddy at 4 and 16 sessions,
+// affinity off then on, simulated time running demoTimeScale times faster
+// than the wall clock so the whole run takes about
+// 2 levels x 2 policies x demoDuration / demoTimeScale = 2 minutes.
+const (
+	demoDuration  = 2 * time.Minute
+	demoTimeScale = 4
+)
+
+// runDemo is `wardenbench demo` (and `make demo`).
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := newCommon(args)
+	if err != nil {
+		return err
+	}
+	c.levels = intList{4, 16}
+	c.duration = demoDuration
+	c.policies = stringList{lab.PolicyOff, lab.PolicyWarden}
+	fs := flag.NewFlagSet("wardenbench demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "wardenbench-demo", "directory for the JSON, the plots and the admin API's JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+	c.jsonPath = filepath.Join(*out, "results.json")
+	c.plotsDir = *out
+	opts := runOptions{common: c, Topology: "servers", TimeScale: demoTimeScale, OutDir: *out}
+	if err := endToEndAndPresent(ctx, opts, stdout, stderr); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nEverything the demo wrote is in %s\n", *out)
+	return nil
+}

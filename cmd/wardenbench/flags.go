@@ -1,0 +1,172 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/lab"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+)
+
+// common holds the flags every subcommand shares.
+type common struct {
+	levels    intList
+	duration  time.Duration
+	seed      int64
+	seeds     int64List
+	policies  stringList
+	replicas  int
+	jsonPath  string
+	plotsDir  string
+	workload  agentload.Config
+	profile   engine.Profile
+	spill     int
+	metricsIv time.Duration
+}
+
+// newCommon returns the defaults: the seed's levels, 3 minutes per level,
+// seed 1, every DESIGN §4 policy, the seed's workload on 4 replicas of the
+// profile named in args (--profile, default a4000-qwen3-4b).
+func newCommon(args []string) (*common, error) {
+	name := profileName(args)
+	p, ok := engine.Profiles[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown profile %q", name)
+	}
+	return &common{
+		levels:    intList{4, 8, 16, 24, 32},
+		duration:  3 * time.Minute,
+		seed:      1,
+		policies:  stringList(lab.DefaultPolicies),
+		replicas:  4,
+		workload:  agentload.DefaultConfig(),
+		profile:   p,
+		metricsIv: time.Second,
+	}, nil
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.Var(&c.levels, "sessions", "comma-separated concurrency levels")
+	fs.DurationVar(&c.duration, "duration", c.duration, "length of each level")
+	fs.Int64Var(&c.seed, "seed", c.seed, "seed of the workload")
+	fs.Var(&c.seeds, "seeds", "comma-separated seeds, reported as mean and standard deviation (overrides --seed)")
+	fs.Var(&c.policies, "policies", "comma-separated routing policies")
+	fs.IntVar(&c.replicas, "replicas", c.replicas, "number of replicas (engines)")
+	fs.StringVar(&c.jsonPath, "json", "", "write the rows to this JSON file")
+	fs.StringVar(&c.plotsDir, "plots", "", "write PNG plots into this directory")
+	fs.IntVar(&c.spill, "spill-threshold", 0, "warden spill threshold (0: auto, max_num_seqs/4)")
+	fs.DurationVar(&c.metricsIv, "metrics-interval", c.metricsIv, "how often warden polls the replicas' metrics")
+	c.workload.RegisterFlags(fs)
+	registerProfileFlags(fs, &c.profile)
+}
+
+// seedList is --seeds if given, else --seed.
+func (c *common) seedList() []int64 {
+	if len(c.seeds) > 0 {
+		return c.seeds
+	}
+	return []int64{c.seed}
+}
+
+// registerProfileFlags exposes every number of the engine profile, with the
+// chosen profile's values as defaults (the same names as vllmsim's flags).
+func registerProfileFlags(fs *flag.FlagSet, p *engine.Profile) {
+	fs.StringVar(&p.Name, "profile", p.Name, "engine profile; the flags below override its numbers")
+	fs.IntVar(&p.MaxNumSeqs, "max-num-seqs", p.MaxNumSeqs, "most requests running at once per engine")
+	fs.IntVar(&p.MaxNumBatchedTokens, "max-num-batched-tokens", p.MaxNumBatchedTokens, "token budget of one engine step")
+	fs.IntVar(&p.NumGPUBlocks, "num-gpu-blocks", p.NumGPUBlocks, "KV cache blocks per engine")
+	fs.IntVar(&p.BlockSize, "block-size", p.BlockSize, "tokens per KV cache block")
+	fs.IntVar(&p.MaxModelLen, "max-model-len", p.MaxModelLen, "most prompt plus output tokens of one request")
+	fs.BoolVar(&p.ReserveFullPrompt, "scheduler-reserve-full-isl", p.ReserveFullPrompt, "admit a request only when its whole prompt fits in the KV cache")
+	fs.DurationVar(&p.StepOverhead, "step-overhead", p.StepOverhead, "fixed cost of every engine step")
+	fs.DurationVar(&p.PrefillTokenCost, "prefill-token-cost", p.PrefillTokenCost, "compute cost of each prompt token")
+	fs.Float64Var(&p.WeightsBytes, "weights-bytes", p.WeightsBytes, "bytes of weights read every step")
+	fs.Float64Var(&p.KVBytesPerToken, "kv-bytes-per-token", p.KVBytesPerToken, "KV cache bytes per token, read every step for each context token")
+	fs.Float64Var(&p.MemBandwidth, "mem-bandwidth", p.MemBandwidth, "GPU memory bandwidth in bytes/s")
+	fs.Float64Var(&p.MemEfficiency, "mem-efficiency", p.MemEfficiency, "share of the bandwidth a step achieves")
+}
+
+// profileName finds --profile in args before parsing, since the profile
+// gives the other profile flags their defaults.
+func profileName(args []string) string {
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "profile" {
+			continue
+		}
+		if hasValue {
+			return value
+		}
+		if i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return engine.DefaultProfile
+}
+
+// intList is a comma-separated list of positive integers.
+type intList []int
+
+func (l *intList) String() string { return joinList(*l) }
+
+func (l *intList) Set(s string) error {
+	var out intList
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	*l = out
+	return nil
+}
+
+// int64List is a comma-separated list of integers.
+type int64List []int64
+
+func (l *int64List) String() string { return joinList(*l) }
+
+func (l *int64List) Set(s string) error {
+	var out int64List
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not an integer", f)
+		}
+		out = append(out, n)
+	}
+	*l = out
+	return nil
+}
+
+// stringList is a comma-separated list of names.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(s string) error {
+	var out stringList
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return fmt.Errorf("empty list")
+	}
+	*l = out
+	return nil
+}
+
+func joinList[T int | int64](l []T) string {
+	parts := make([]string, len(l))
+	for i, v := range l {
+		parts[i] = strconv.FormatInt(int64(v), 10)
+	}
+	return strings.Join(parts, ",")
+}

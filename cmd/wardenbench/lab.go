@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/lab"
+)
+
+// runLab is `wardenbench lab`: every policy at every level in virtual time.
+func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := newCommon(args)
+	if err != nil {
+		return err
+	}
+	fs := flag.NewFlagSet("wardenbench lab", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.register(fs)
+	warm := fs.Bool("warm", false, "keep one fleet for every run of a seed (policies then levels, as the seed did) instead of a fresh fleet per run")
+	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg := lab.DefaultConfig()
+	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
+	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warm = c.metricsIv, c.spill, *warm
+	plan := lab.Plan{Policies: c.policies, Levels: c.levels, Seeds: c.seedList()}
+
+	bar := newProgress(stderr, plan.Runs(), "lab")
+	started := time.Now()
+	rows, err := lab.Sweep(cfg, plan, *workers, func() { bar.Add(1) })
+	bar.Finish()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "lab: %d replicas of %s, %v per level, seeds %v, %s fleet per run\n\n",
+		cfg.Replicas, cfg.Profile.Name, cfg.Duration, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
+	if err := present(c, rows, stdout); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "lab: %d runs in %.1fs\n", plan.Runs(), time.Since(started).Seconds())
+	return nil
+}

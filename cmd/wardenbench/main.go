@@ -1,0 +1,59 @@
+// Command wardenbench reproduces the seed's benchmark (DESIGN §1): the seed's
+// Claude-Code-like load at several concurrency levels under several routing
+// policies, printed as the seed's table with its own numbers beside ours, and
+// optionally written as JSON and PNG plots.
+//
+//	wardenbench lab   virtual time, no HTTP: simulated engines, the routing
+//	                  core and the baselines, all levels in seconds
+//	wardenbench run   end to end: simulated vLLM replicas behind Caddy
+//	wardenbench demo  a short end-to-end run at 4 and 16 sessions
+//
+// Run `wardenbench SUBCOMMAND -h` for the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// subcommands maps names to their entry points, which parse their own flags.
+var subcommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
+	"lab":  runLab,
+	"run":  runEndToEnd,
+	"demo": runDemo,
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(mainWithArgs(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func mainWithArgs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintln(stderr, "usage: wardenbench lab|run|demo [flags]  (wardenbench SUBCOMMAND -h for the flags)")
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := subcommands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "wardenbench: unknown subcommand %q (want lab, run or demo)\n", args[0])
+		return 2
+	}
+	if err := cmd(ctx, args[1:], stdout, stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "wardenbench %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
