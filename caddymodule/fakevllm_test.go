@@ -2,8 +2,10 @@ package caddymodule_test
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +17,9 @@ import (
 // fakeVLLM is a minimal vLLM stand-in for the integration tests: it streams
 // Anthropic SSE responses, serves /health and a /metrics body in vLLM's
 // format whose running counts are its real in-flight requests, and records
-// which conversation reached which engine.
+// which conversation reached which engine. Its token counters take one token
+// per request body byte, count a conversation's previous prompt on the same
+// engine as cached, and one generated token per response.
 type fakeVLLM struct {
 	name    string
 	addr    string
@@ -24,9 +28,13 @@ type fakeVLLM struct {
 
 	running []atomic.Int64 // per engine
 
-	mu   sync.Mutex
-	seen []seenRequest
+	mu         sync.Mutex
+	seen       []seenRequest
+	tokens     []engineTokens // per engine
+	lastPrompt map[string]int // by engine and session: the prefix that engine holds
 }
+
+type engineTokens struct{ prompt, cached, generated int }
 
 type seenRequest struct {
 	session string
@@ -42,7 +50,8 @@ func startFakeVLLM(t *testing.T, name string, engines int) *fakeVLLM {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeVLLM{name: name, addr: ln.Addr().String(), engines: engines, running: make([]atomic.Int64, engines)}
+	f := &fakeVLLM{name: name, addr: ln.Addr().String(), engines: engines, running: make([]atomic.Int64, engines),
+		tokens: make([]engineTokens, engines), lastPrompt: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", f.messages)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
@@ -63,8 +72,15 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 		}
 		engine = n
 	}
+	body, _ := io.ReadAll(r.Body)
+	session := r.Header.Get("X-Claude-Code-Session-Id")
 	f.mu.Lock()
-	f.seen = append(f.seen, seenRequest{session: r.Header.Get("X-Claude-Code-Session-Id"), rank: rankHeader})
+	f.seen = append(f.seen, seenRequest{session: session, rank: rankHeader})
+	held := fmt.Sprintf("%d/%s", engine, session)
+	f.tokens[engine].prompt += len(body)
+	f.tokens[engine].cached += min(len(body), f.lastPrompt[held])
+	f.tokens[engine].generated++
+	f.lastPrompt[held] = len(body)
 	f.mu.Unlock()
 	f.running[engine].Add(1)
 	defer f.running[engine].Add(-1)
@@ -97,6 +113,24 @@ func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {
 	b.WriteString("# TYPE vllm:kv_cache_usage_perc gauge\n")
 	for e := range f.engines {
 		fmt.Fprintf(&b, "vllm:kv_cache_usage_perc{engine=\"%d\",model_name=\"m\"} 0.1\n", e)
+	}
+	f.mu.Lock()
+	tokens := slices.Clone(f.tokens)
+	f.mu.Unlock()
+	for _, c := range []struct {
+		name  string
+		value func(engineTokens) int
+	}{
+		{"vllm:prompt_tokens_total", func(t engineTokens) int { return t.prompt }},
+		{"vllm:prompt_tokens_cached_total", func(t engineTokens) int { return t.cached }},
+		{"vllm:prefix_cache_queries_total", func(t engineTokens) int { return t.prompt }},
+		{"vllm:prefix_cache_hits_total", func(t engineTokens) int { return t.cached }},
+		{"vllm:generation_tokens_total", func(t engineTokens) int { return t.generated }},
+	} {
+		fmt.Fprintf(&b, "# TYPE %s counter\n", c.name)
+		for e, t := range tokens {
+			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"m\"} %d\n", c.name, e, c.value(t))
+		}
 	}
 	fmt.Fprint(w, b.String())
 }

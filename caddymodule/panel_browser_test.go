@@ -1,0 +1,477 @@
+package caddymodule_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth" // basic_auth in the panel's Caddyfile
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/caddymodule"
+)
+
+// panelSite is the panel mounted on a site of its own behind basic_auth.
+type panelSite struct {
+	url           string
+	authorization string // the Authorization header that passes basic_auth
+}
+
+// mountPanel adds a site serving the panel behind basic_auth to the fleet's
+// Caddy, written in Caddyfile form as an operator would, adapted, and
+// loaded through the admin API.
+func (f *fleet) mountPanel(t *testing.T) panelSite {
+	t.Helper()
+	addr, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const user, password = "operator", "panel-test-password"
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caddyfile := fmt.Sprintf(`http://%s {
+	bind 127.0.0.1
+	route /warden/* {
+		basic_auth {
+			%s %s
+		}
+		warden_panel
+	}
+}
+`, addr, user, hash)
+	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		t.Fatalf("adapting the panel's Caddyfile: %v", err)
+	}
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]json.RawMessage `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(adapted, &cfg); err != nil || len(cfg.Apps.HTTP.Servers) != 1 {
+		t.Fatalf("adapted panel config (%v): %s", err, adapted)
+	}
+	for _, server := range cfg.Apps.HTTP.Servers {
+		if err := f.caddy.Do(http.MethodPost, "/config/apps/http/servers/warden_panel", server, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	site := panelSite{
+		url:           "http://" + addr + "/warden/",
+		authorization: "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)),
+	}
+	eventually(t, 10*time.Second, "the panel site answering", func() bool {
+		resp, err := http.Get(site.url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	})
+	return site
+}
+
+// get fetches the panel with the given Accept header, authenticated or not.
+func (p panelSite) get(t *testing.T, target, accept string, authenticated bool) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, target, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", accept)
+	if authenticated {
+		req.Header.Set("Authorization", p.authorization)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// data fetches the JSON twin (asked for with the Accept header) and its body.
+func (p panelSite) data(t *testing.T) (caddymodule.PanelData, []byte) {
+	t.Helper()
+	resp, body := p.get(t, p.url, "application/json", true)
+	var data caddymodule.PanelData
+	if err := json.Unmarshal(body, &data); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("JSON twin: %s, %v: %.200s", resp.Status, err, body)
+	}
+	return data, body
+}
+
+// holdRequests keeps one request of each conversation in flight until the
+// test ends.
+func (f *fleet) holdRequests(t *testing.T, sessions []string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	for _, s := range sessions {
+		wg.Go(func() {
+			resp, err := f.send(ctx, s, holdHeader, "60s")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body) // until cancelled
+				resp.Body.Close()
+			}
+		})
+	}
+}
+
+// soakDuration reads WARDEN_PANEL_SOAK: that much steady traffic (at most
+// 10m) before the checks gives the screenshot an interesting chart, as in
+// docs/panel.png. Unset, the test adds none.
+func soakDuration(t *testing.T) time.Duration {
+	env := os.Getenv("WARDEN_PANEL_SOAK")
+	if env == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(env)
+	if err != nil || d < 0 || d > 10*time.Minute {
+		t.Fatalf("WARDEN_PANEL_SOAK=%q: want a duration up to 10m", env)
+	}
+	return d
+}
+
+// soak sends traffic for d: a new conversation every second, each sending
+// up to 15 turns of 100-600 ms back to back.
+func (f *fleet) soak(t *testing.T, d time.Duration) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var mu sync.Mutex
+	hold := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%dms", 100+rng.IntN(500))
+	}
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for i := 0; time.Now().Before(end); i++ {
+		wg.Go(func() {
+			for turn := 0; turn < 15 && time.Now().Before(end); turn++ {
+				f.turn(t, fmt.Sprintf("soak-%d", i), holdHeader, hold())
+			}
+		})
+		time.Sleep(time.Second)
+	}
+	wg.Wait()
+}
+
+// startChromium runs headless Chromium for the test. Without it the test
+// fails on CI and is skipped elsewhere.
+func startChromium(t *testing.T) context.Context {
+	t.Helper()
+	var path string
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		const msg = "headless Chromium not found on PATH; on Debian: apt-get install -y chromium"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("no-proxy-server", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 720),
+	)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc()
+	})
+	return ctx
+}
+
+// pageState is what the panel shows for one model, read from the DOM.
+type pageState struct {
+	Badges   map[string]string            `json:"badges"`
+	Rows     map[string]map[string]string `json:"rows"` // by replica ID, then column
+	RowCount int                          `json:"row_count"`
+	Since    string                       `json:"since"`
+	Chart    map[string]float64           `json:"chart"` // drawn height of each series
+	Text     string                       `json:"text"`
+	Status   string                       `json:"status"`  // the page's own status line
+	Missing  bool                         `json:"missing"` // no section for the model
+}
+
+const readPage = `(() => {
+	const status = document.getElementById('status').textContent;
+	const s = document.querySelector('section[data-model="m"]');
+	if (!s) return { missing: true, status };
+	const badges = {};
+	s.querySelectorAll('[data-badge]').forEach((b) => { badges[b.dataset.badge] = b.textContent; });
+	const rows = {};
+	s.querySelectorAll('tr[data-replica]').forEach((tr) => {
+		const row = {};
+		tr.querySelectorAll('td[data-col]').forEach((td) => { row[td.dataset.col] = td.textContent; });
+		rows[tr.dataset.replica] = row;
+	});
+	const height = (cls) => { const p = s.querySelector('path.' + cls); return p ? p.getBBox().height : 0; };
+	return {
+		badges, rows,
+		row_count: s.querySelectorAll('tbody tr').length,
+		since: s.querySelector('.since').textContent,
+		chart: { cached: height('series-cached'), computed: height('series-computed'), generation: height('series-generation') },
+		text: document.body.innerText,
+		status,
+	};
+})()`
+
+func readPanel(ctx context.Context) (*pageState, error) {
+	return chromedp.Run(ctx, chromedp.Evaluate[*pageState](readPage))
+}
+
+// waitPanel polls the page until check finds nothing wrong, for at most
+// within; it returns how long that took, or fails with the last problems.
+func waitPanel(t *testing.T, ctx context.Context, within time.Duration, what string, check func(*pageState) []string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var problems []string
+	for time.Since(start) < within {
+		page, err := readPanel(ctx)
+		switch {
+		case err != nil:
+			problems = []string{err.Error()}
+		case page.Missing:
+			problems = []string{"no section for model m; page status: " + page.Status}
+		default:
+			if problems = check(page); len(problems) == 0 {
+				return time.Since(start)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %v:\n%s", what, within, strings.Join(problems, "\n"))
+	return 0
+}
+
+// matchesStatus lists where the page differs from the admin JSON.
+func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
+	var problems []string
+	differ := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	number := func(text string) float64 {
+		v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(text), "%"), 64)
+		if err != nil {
+			return math.NaN()
+		}
+		return v
+	}
+	// Shown with one decimal: equal within rounding.
+	near := func(shown string, want float64) bool { return math.Abs(number(shown)-want) <= 0.05+1e-9 }
+
+	if page.RowCount != len(st.Replicas) || len(page.Rows) != len(st.Replicas) {
+		differ("%d rows (%d distinct), admin has %d replicas", page.RowCount, len(page.Rows), len(st.Replicas))
+	}
+	for _, r := range st.Replicas {
+		row := page.Rows[r.ID]
+		if row == nil {
+			differ("no row for replica %s", r.ID)
+			continue
+		}
+		for col, want := range map[string]float64{
+			"in_flight": float64(r.InFlight), "sticky": float64(r.Sticky), "spilled_in": float64(r.SpilledIn),
+			"client_pinned": float64(r.ClientPinned), "sessions": float64(r.Sessions), "active_sessions": float64(r.ActiveSessions),
+			"running": r.Running, "waiting": r.Waiting,
+			"kv_used": 100 * r.KVUsed, "prefix_hit_rate": 100 * r.PrefixHitRate,
+		} {
+			if !near(row[col], want) {
+				differ("replica %s %s: page %q, admin %v", r.ID, col, row[col], want)
+			}
+		}
+		if want := map[bool]string{true: "yes", false: "no"}[r.Healthy]; row["healthy"] != want {
+			differ("replica %s healthy: page %q, admin %v", r.ID, row["healthy"], r.Healthy)
+		}
+		if !strings.Contains(row["replica"], r.Address) {
+			differ("replica %s labelled %q", r.ID, row["replica"])
+		}
+	}
+	onOff := map[bool]string{true: "on", false: "off"}
+	autoManual := map[bool]string{true: "auto", false: "manual"}
+	for key, want := range map[string]string{
+		"affinity":  "Affinity " + onOff[st.Affinity],
+		"spill":     fmt.Sprintf("Spill threshold %d %s", st.SpillThreshold, autoManual[st.SpillThresholdAuto]),
+		"in_flight": fmt.Sprintf("In flight %d", st.InFlight),
+	} {
+		if page.Badges[key] != want {
+			differ("badge %s: page %q, admin %q", key, page.Badges[key], want)
+		}
+	}
+	if sticky, ok := strings.CutPrefix(page.Badges["sticky"], "Sticky "); !ok || !near(sticky, st.StickyPercent) {
+		differ("badge sticky: page %q, admin %.2f%%", page.Badges["sticky"], st.StickyPercent)
+	}
+	return problems
+}
+
+func TestPanelInBrowser(t *testing.T) {
+	browser := startChromium(t)
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
+	f := startFleet(t, "replicas {replicas}\n\t\t\tmax_num_seqs 128", backends...)
+	panel := f.mountPanel(t)
+
+	if soak := soakDuration(t); soak > 0 {
+		f.soak(t, soak)
+	}
+	// Load: nine conversations of four turns, then four requests held open.
+	convs := conversations("panel-conv", 9)
+	for range 4 {
+		concurrently(len(convs), func(i int) { f.turn(t, convs[i], holdHeader, "100ms") })
+	}
+	f.holdRequests(t, convs[:4])
+	eventually(t, 10*time.Second, "4 requests in flight, seen by the engines' metrics", func() bool {
+		st := f.status(t)
+		running := 0.0
+		for _, r := range st.Replicas {
+			running += r.Running
+		}
+		return st.InFlight == 4 && running == 4
+	})
+
+	t.Run("basic_auth guards the page and its JSON", func(t *testing.T) {
+		for _, target := range []string{panel.url, panel.url + "?format=json"} {
+			if resp, _ := panel.get(t, target, "", false); resp.StatusCode != http.StatusUnauthorized {
+				t.Errorf("%s without credentials: %s, want 401", target, resp.Status)
+			}
+		}
+		data, body := panel.data(t)
+		if len(data.Models) != 1 || len(data.Models[0].Replicas) != len(backends) {
+			t.Fatalf("JSON twin: %+v", data.Models)
+		}
+		var cached, computed float64
+		for i := range data.Models[0].Stats.At {
+			cached += data.Models[0].Stats.Cached[i]
+			computed += data.Models[0].Stats.Computed[i]
+		}
+		if cached <= 0 || computed <= 0 {
+			t.Errorf("JSON twin's hour of stats: cached %v, computed %v tokens/s summed; want both > 0", cached, computed)
+		}
+		for _, c := range convs {
+			if strings.Contains(string(body), c) {
+				t.Errorf("JSON twin shows session ID %q", c)
+			}
+		}
+	})
+
+	if err := chromedp.Do(browser,
+		chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tgt, network.Enable, network.EnableParams{})
+			return err
+		}),
+		chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tgt, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{
+				Headers: network.Headers{"Authorization": panel.authorization},
+			})
+			return err
+		}),
+		chromedp.Navigate(panel.url),
+	); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := panel.data(t)
+	refresh := time.Duration(data.RefreshMS) * time.Millisecond
+
+	t.Run("one row per replica, numbers and badges as the admin JSON", func(t *testing.T) {
+		waitPanel(t, browser, 3*refresh, "page equal to the admin JSON", func(page *pageState) []string {
+			problems := matchesStatus(page, f.status(t))
+			if !strings.HasPrefix(page.Since, "Counters since ") {
+				problems = append(problems, fmt.Sprintf("since line %q", page.Since))
+			}
+			for _, c := range convs {
+				if strings.Contains(page.Text, c) {
+					problems = append(problems, "page shows session ID "+c)
+				}
+			}
+			return problems
+		})
+	})
+
+	t.Run("the chart draws cached and computed prompt tokens", func(t *testing.T) {
+		waitPanel(t, browser, 3*refresh, "chart series drawn", func(page *pageState) []string {
+			var problems []string
+			for _, series := range []string{"cached", "computed", "generation"} {
+				if page.Chart[series] <= 0 {
+					problems = append(problems, fmt.Sprintf("%s series drawn %v px high", series, page.Chart[series]))
+				}
+			}
+			return problems
+		})
+		shot, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.ArtifactDir(), "panel.png")
+		if err := os.WriteFile(path, shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", path)
+	})
+
+	t.Run("admin toggles show within one refresh", func(t *testing.T) {
+		for _, change := range []struct {
+			path  string
+			body  any
+			badge string
+			want  string
+		}{
+			{"/warden/models/m/affinity", map[string]bool{"enabled": false}, "affinity", "Affinity off"},
+			{"/warden/models/m/spill_threshold", map[string]int{"value": 5}, "spill", "Spill threshold 5 manual"},
+			{"/warden/models/m/affinity", map[string]bool{"enabled": true}, "affinity", "Affinity on"},
+			{"/warden/models/m/spill_threshold", map[string]bool{"auto": true}, "spill", "Spill threshold 32 auto"},
+		} {
+			if err := f.caddy.Do(http.MethodPost, change.path, change.body, nil); err != nil {
+				t.Fatal(err)
+			}
+			// One refresh, plus time for the fetch and a render.
+			took := waitPanel(t, browser, refresh+time.Second, change.want, func(page *pageState) []string {
+				if got := page.Badges[change.badge]; got != change.want {
+					return []string{fmt.Sprintf("badge %s shows %q", change.badge, got)}
+				}
+				return nil
+			})
+			t.Logf("%s shown after %v", change.want, took.Round(10*time.Millisecond))
+		}
+	})
+}

@@ -1,0 +1,207 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-warden/metricsfeed"
+)
+
+func TestWantsJSON(t *testing.T) {
+	const browser = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
+	for _, tc := range []struct {
+		target, accept string
+		want           bool
+	}{
+		{"/warden/", "", false},
+		{"/warden/", browser, false},
+		{"/warden/", "*/*", false},
+		{"/warden/", "application/json", true},
+		{"/warden/", "application/json, text/plain, */*", true},
+		{"/warden/", "text/html;q=0.5, application/json", true},
+		{"/warden/?format=json", browser, true},
+		{"/warden/?format=html", "application/json", false},
+	} {
+		r := httptest.NewRequest(http.MethodGet, tc.target, nil)
+		if tc.accept != "" {
+			r.Header.Set("Accept", tc.accept)
+		}
+		if got := wantsJSON(r); got != tc.want {
+			t.Errorf("%s with Accept %q: JSON = %v, want %v", tc.target, tc.accept, got, tc.want)
+		}
+	}
+}
+
+// The page must run under its own CSP: the hashes must be those of the
+// inline elements exactly as served, and nothing may load from elsewhere.
+func TestPanelPageIsSelfContained(t *testing.T) {
+	html := string(panelPage.html)
+	for _, tag := range []string{"script", "style"} {
+		inline := regexp.MustCompile(`(?s)<`+tag+`>(.*?)</`+tag+`>`).FindAllStringSubmatch(html, -1)
+		if len(inline) != 1 || strings.TrimSpace(inline[0][1]) == "" {
+			t.Fatalf("want one non-empty inline <%s>, found %d", tag, len(inline))
+		}
+		if hash := sourceHash(inline[0][1]); !strings.Contains(panelPage.policy, tag+"-src "+hash) {
+			t.Errorf("policy %q lacks %s-src %s of the served <%s>", panelPage.policy, tag, hash, tag)
+		}
+	}
+	if m := regexp.MustCompile(`(?i)<(link|img|iframe)\b|\ssrc=|https?://[^"]*`).FindAllString(html, -1); len(m) > 0 {
+		for _, ref := range m {
+			if ref != "http://www.w3.org/2000/svg" { // the SVG namespace name, never fetched
+				t.Errorf("page references something outside itself: %q", ref)
+			}
+		}
+	}
+}
+
+func TestPanelServeHTTP(t *testing.T) {
+	serve := func(method, target, accept string) (*httptest.ResponseRecorder, error) {
+		r := httptest.NewRequest(method, target, nil)
+		r.Header.Set("Accept", accept)
+		w := httptest.NewRecorder()
+		return w, Panel{}.ServeHTTP(w, r, nil)
+	}
+
+	w, err := serve(http.MethodGet, "/anywhere/at/all", "text/html")
+	if err != nil || w.Code != http.StatusOK {
+		t.Fatalf("page: %d, %v", w.Code, err)
+	}
+	if ct := w.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+		t.Errorf("page Content-Type %q", ct)
+	}
+	if w.Header().Get("Content-Security-Policy") != panelPage.policy || w.Body.String() != string(panelPage.html) {
+		t.Error("page served without its policy or body")
+	}
+
+	w, err = serve(http.MethodGet, "/warden/", "application/json")
+	if err != nil || w.Code != http.StatusOK {
+		t.Fatalf("JSON: %d, %v", w.Code, err)
+	}
+	var data PanelData
+	if err := json.Unmarshal(w.Body.Bytes(), &data); err != nil {
+		t.Fatalf("JSON twin does not decode: %v\n%s", err, w.Body)
+	}
+	if data.RefreshMS != panelRefresh.Milliseconds() || data.Models == nil {
+		t.Errorf("JSON twin: refresh %d ms, models %v", data.RefreshMS, data.Models)
+	}
+
+	_, err = serve(http.MethodPost, "/warden/", "")
+	var herr caddyhttp.HandlerError
+	if !errors.As(err, &herr) || herr.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST: got %v, want a 405 handler error", err)
+	}
+}
+
+func TestPanelCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		input string
+		ok    bool
+	}{
+		{"warden_panel", true},
+		{"warden_panel {\n}", true},
+		{"warden_panel extra", false},
+		{"warden_panel {\n\trefresh 1s\n}", false},
+	} {
+		err := new(Panel).UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+		if (err == nil) != tc.ok {
+			t.Errorf("%q: error %v, want ok=%v", tc.input, err, tc.ok)
+		}
+	}
+}
+
+// counterScrape is one engine's scrape with the token counters at the given
+// totals.
+func counterScrape(prompt, cached, generated float64) metricsfeed.Scrape {
+	return metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
+		PromptTokens: prompt, PromptTokensCached: cached, GenerationTokens: generated,
+		PrefixQueries: prompt, PrefixHits: cached,
+		Present: metricsfeed.FieldPromptTokens | metricsfeed.FieldPromptTokensCached |
+			metricsfeed.FieldGenerationTokens | metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits,
+	}}}
+}
+
+// feed adds a scrape per second for secs seconds from t0 at 100 prompt
+// tokens/s (cachedShare of them cached) and 10 generated tokens/s.
+func feed(h *metricsfeed.History, target string, t0 time.Time, secs int, cachedShare float64) {
+	for i := 0; i <= secs; i++ {
+		h.Add(target, t0.Add(time.Duration(i)*time.Second), counterScrape(100*float64(i), 100*cachedShare*float64(i), 10*float64(i)))
+	}
+}
+
+func TestHourStats(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	h := metricsfeed.NewHistory(historyRetention, time.Second)
+	feed(h, "a", t0, 60, 0.75)
+	now := t0.Add(60 * time.Second)
+
+	st := hourStats(h, now, []metricsfeed.Source{metricsfeed.WholeTarget("a")})
+	if len(st.At) == 0 || len(st.Cached) != len(st.At) || len(st.Computed) != len(st.At) || len(st.Generation) != len(st.At) {
+		t.Fatalf("columns of unequal or zero length: %+v", st)
+	}
+	if st.StepSeconds != statsStep.Seconds() || st.WindowSeconds != historyRetention.Seconds() {
+		t.Errorf("step %v s, window %v s", st.StepSeconds, st.WindowSeconds)
+	}
+	for i, at := range st.At {
+		if at%int64(statsStep.Seconds()) != 0 || (i > 0 && at <= st.At[i-1]) {
+			t.Errorf("step starts not aligned and increasing: %v", st.At)
+			break
+		}
+		if st.Cached[i] != 75 || st.Computed[i] != 25 || st.Generation[i] != 10 {
+			t.Errorf("step %d: cached %v computed %v generation %v, want 75 25 10", at, st.Cached[i], st.Computed[i], st.Generation[i])
+		}
+	}
+	if math.Abs(st.HitShare-0.75) > 1e-9 {
+		t.Errorf("hit share %v, want 0.75", st.HitShare)
+	}
+
+	// Samples older than the hour are neither charted nor counted.
+	late := hourStats(h, now.Add(2*historyRetention), []metricsfeed.Source{metricsfeed.WholeTarget("a")})
+	if len(late.At) != 0 || late.HitShare != 0 {
+		t.Errorf("two hours later: %d steps, hit share %v; want none", len(late.At), late.HitShare)
+	}
+}
+
+// panelData covers every live model with its status, counters' start in
+// words and the traffic of its replicas only.
+func TestPanelDataOfLiveModel(t *testing.T) {
+	cfg := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}, MaxNumSeqs: 32}
+	m, err := loadModel("panel-unit", cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = models.Delete("panel-unit") })
+	now := time.Now()
+	feed(m.history, "127.0.0.1:9", now.Add(-30*time.Second), 30, 0.5)
+	feed(m.history, "127.0.0.1:10", now.Add(-30*time.Second), 30, 1) // not a replica of the model
+
+	data := panelData(now.Add(3 * time.Minute))
+	var got *PanelModel
+	for i := range data.Models {
+		if data.Models[i].Model == "panel-unit" {
+			got = &data.Models[i]
+		}
+	}
+	if got == nil {
+		t.Fatalf("model missing from %+v", data.Models)
+	}
+	if len(got.Replicas) != 1 || got.Replicas[0].Address != "127.0.0.1:9" || got.SpillThreshold != 8 || !got.Affinity {
+		t.Errorf("status not carried: %+v", got.ModelStatus)
+	}
+	if got.SinceHuman != "3 minutes ago" {
+		t.Errorf("since %q, want 3 minutes ago", got.SinceHuman)
+	}
+	if len(got.Stats.At) == 0 || math.Abs(got.Stats.HitShare-0.5) > 1e-9 {
+		t.Errorf("stats: %d steps, hit share %v; want the replica's 0.5", len(got.Stats.At), got.Stats.HitShare)
+	}
+}

@@ -1,0 +1,245 @@
+"use strict";
+// The warden panel: fetches the panel's JSON twin from the address it was
+// served at and redraws the models in place, every refresh_ms.
+(() => {
+  const SVG = "http://www.w3.org/2000/svg";
+  const main = document.getElementById("models");
+  const statusLine = document.getElementById("status");
+  let refreshMS = 2000; // until the JSON says otherwise
+  let lastGood = null;
+
+  function jsonAddress() {
+    const params = new URLSearchParams(location.search);
+    params.set("format", "json");
+    return location.pathname + "?" + params;
+  }
+
+  // el builds an element; attrs may hold text, className, title and data-* keys.
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    setAttrs(node, attrs);
+    node.append(...children);
+    return node;
+  }
+
+  function svgEl(tag, attrs) {
+    const node = document.createElementNS(SVG, tag);
+    setAttrs(node, attrs);
+    return node;
+  }
+
+  function setAttrs(node, attrs) {
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") node.textContent = v;
+      else if (k === "className") node.setAttribute("class", v);
+      else node.setAttribute(k, v);
+    }
+  }
+
+  const integer = (v) => String(Math.round(v));
+  const number = (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1));
+  const percent = (ratio) => (ratio * 100).toFixed(1) + "%";
+  const pad2 = (n) => String(n).padStart(2, "0");
+  const clock = (d) => pad2(d.getHours()) + ":" + pad2(d.getMinutes());
+  const clockSeconds = (d) => clock(d) + ":" + pad2(d.getSeconds());
+
+  // si writes a rate compactly: 0, 2.5, 456, 7.8k, 12k, 1.2M.
+  function si(v) {
+    if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
+    if (v >= 1e4) return Math.round(v / 1e3) + "k";
+    if (v >= 1e3) return (v / 1e3).toFixed(1) + "k";
+    if (v >= 10 || Number.isInteger(v)) return String(Math.round(v));
+    return v.toFixed(1);
+  }
+
+  // The replica table: key (also the cell's data-col), heading, cell text,
+  // and an optional tooltip and class.
+  const columns = [
+    ["replica", "Replica", (r, mode) => (mode === "ranks" ? "rank " + r.rank + " · " + r.address : r.address)],
+    ["in_flight", "In flight", (r) => integer(r.in_flight)],
+    ["sticky", "Sticky", (r) => integer(r.sticky)],
+    ["spilled_in", "Spilled in", (r) => integer(r.spilled_in)],
+    ["client_pinned", "Client-pinned", (r) => integer(r.client_pinned)],
+    ["running", "Running", (r) => (r.metrics_known ? number(r.running) : "–")],
+    ["waiting", "Waiting", (r) => (r.metrics_known ? number(r.waiting) : "–")],
+    ["kv_used", "KV used", (r) => (r.metrics_known ? percent(r.kv_used) : "–")],
+    ["prefix_hit_rate", "Prefix hits (5 min)", (r) => percent(r.prefix_hit_rate)],
+    ["healthy", "Healthy", (r) => (r.healthy ? "yes" : "no"), (r) => r.health, (r) => (r.healthy ? "good" : "bad")],
+    ["sessions", "Conversations", (r) => integer(r.sessions)],
+    ["active_sessions", "Active", (r) => integer(r.active_sessions), () => "conversations that sent a request lately"],
+  ];
+
+  function replicaTable(m) {
+    const head = el("tr", {}, ...columns.map(([key, title]) => el("th", { text: title, scope: "col", "data-col": key })));
+    const rows = m.replicas.map((r) =>
+      el("tr", { "data-replica": r.id }, ...columns.map(([key, , text, tip, cls]) => {
+        const attrs = { text: text(r, m.mode), "data-col": key };
+        if (tip) attrs.title = tip(r);
+        if (cls) attrs.className = cls(r);
+        return el("td", attrs);
+      })),
+    );
+    return el("div", { className: "table-wrap" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
+  }
+
+  function badges(m) {
+    const badge = (key, text, cls) => el("span", { className: "badge" + (cls ? " " + cls : ""), "data-badge": key, text });
+    return el("div", { className: "badges" },
+      badge("affinity", "Affinity " + (m.affinity ? "on" : "off"), m.affinity ? "on" : "off"),
+      badge("spill", "Spill threshold " + m.spill_threshold + " " + (m.spill_threshold_auto ? "auto" : "manual")),
+      badge("sticky", "Sticky " + m.sticky_percent.toFixed(1) + "%"),
+      badge("in_flight", "In flight " + m.in_flight),
+      badge("sessions", "Conversations " + m.sessions),
+    );
+  }
+
+  function since(m) {
+    const extra = [m.requests + " requests"];
+    if (m.unkeyed > 0) extra.push(m.unkeyed + " without a session key");
+    if (m.no_replica > 0) extra.push(m.no_replica + " with no usable replica");
+    return el("p", { className: "since muted", title: new Date(m.since).toString() },
+      "Counters since " + m.since_human + " · " + extra.join(" · "));
+  }
+
+  // niceCeil rounds a positive maximum up to 1, 2, 2.5 or 5 times a power of ten.
+  function niceCeil(v) {
+    if (!(v > 0)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    const f = v / p;
+    return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * p;
+  }
+
+  // chart draws prompt tokens/s as stacked cached and computed bars (left
+  // axis) and completion tokens/s as a line (right axis).
+  function chart(stats, generatedAt, readout) {
+    const W = 900, H = 230, L = 56, R = 56, T = 18, B = 24;
+    const pw = W - L - R, ph = H - T - B;
+    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "prompt and completion tokens per second" });
+    const n = stats.at.length;
+    if (n === 0) {
+      svg.append(svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle", className: "empty", text: "No token counters yet: the chart fills in as the engines report traffic." }));
+      return svg;
+    }
+    const step = stats.step_seconds;
+    const cachedRate = stats.cached_tokens_per_s, computedRate = stats.computed_tokens_per_s, genRate = stats.generation_tokens_per_s;
+    const end = (Math.floor(Date.parse(generatedAt) / 1000 / step) + 1) * step;
+    const span = Math.min(stats.window_seconds, Math.max(300, end - stats.at[0]));
+    const start = end - span;
+    const X = (t) => L + ((t - start) / span) * pw;
+    let promptMax = 0, genMax = 0;
+    for (let i = 0; i < n; i++) {
+      promptMax = Math.max(promptMax, cachedRate[i] + computedRate[i]);
+      genMax = Math.max(genMax, genRate[i]);
+    }
+    promptMax = niceCeil(promptMax);
+    genMax = niceCeil(genMax);
+    const Yp = (v) => T + ph - (v / promptMax) * ph;
+    const Yg = (v) => T + ph - (v / genMax) * ph;
+
+    for (let k = 0; k <= 4; k++) {
+      const y = T + ph - (k / 4) * ph;
+      svg.append(svgEl("line", { x1: L, x2: W - R, y1: y, y2: y, className: "grid" }));
+      svg.append(svgEl("text", { x: L - 6, y: y + 4, "text-anchor": "end", text: si((promptMax * k) / 4) }));
+      svg.append(svgEl("text", { x: W - R + 6, y: y + 4, text: si((genMax * k) / 4) }));
+    }
+    svg.append(svgEl("text", { x: 0, y: T - 6, text: "prompt/s" }));
+    svg.append(svgEl("text", { x: W, y: T - 6, "text-anchor": "end", text: "completion/s" }));
+    const tick = [60, 120, 300, 600, 900, 1800, 3600].find((s) => span / s <= 6);
+    for (let t = Math.ceil(start / tick) * tick; t <= end; t += tick) {
+      svg.append(svgEl("text", { x: X(t), y: H - 6, "text-anchor": "middle", text: clock(new Date(t * 1000)) }));
+    }
+
+    // One path of bars per series keeps the DOM small at 720 steps.
+    let cached = "", computed = "", line = "";
+    const barWidth = Math.max(X(step) - X(0), 0.5);
+    const gap = barWidth > 3 ? 1 : 0;
+    const bar = (x, top, bottom) => (bottom - top > 0 ? `M${x},${top}h${barWidth - gap}V${bottom}h${gap - barWidth}Z` : "");
+    for (let i = 0; i < n; i++) {
+      const x = X(stats.at[i]);
+      cached += bar(x, Yp(cachedRate[i]), Yp(0));
+      computed += bar(x, Yp(cachedRate[i] + computedRate[i]), Yp(cachedRate[i]));
+      const continues = i > 0 && stats.at[i] - stats.at[i - 1] <= step;
+      const endsHere = i === n - 1 || stats.at[i + 1] - stats.at[i] > step;
+      const point = `${x + barWidth / 2},${Yg(genRate[i])}`;
+      line += (continues ? "L" : "M") + point + (!continues && endsHere ? "h0.01" : "");
+    }
+    svg.append(svgEl("path", { d: cached, className: "series-cached" }));
+    svg.append(svgEl("path", { d: computed, className: "series-computed" }));
+    svg.append(svgEl("path", { d: line, className: "series-generation", "stroke-linecap": "round" }));
+
+    svg.addEventListener("mousemove", (ev) => {
+      const box = svg.getBoundingClientRect();
+      const t = start + (((ev.clientX - box.left) / box.width) * W - L) / pw * span;
+      let i = stats.at.findIndex((at) => at > t) - 1;
+      if (i < 0) i = t < stats.at[0] ? -1 : n - 1;
+      if (i < 0 || t - stats.at[i] > step) {
+        readout.textContent = "";
+        return;
+      }
+      readout.textContent = `${clockSeconds(new Date(stats.at[i] * 1000))}: cached ${si(cachedRate[i])}/s, computed ${si(computedRate[i])}/s, completion ${si(genRate[i])}/s`;
+    });
+    svg.addEventListener("mouseleave", () => { readout.textContent = ""; });
+    return svg;
+  }
+
+  function stats(m, generatedAt) {
+    const readout = el("span", { className: "muted readout" });
+    const key = (cls, text) => el("span", {}, el("span", { className: "key " + cls }), text);
+    const caption = el("figcaption", {},
+      el("strong", { text: "Tokens per second, last hour" }),
+      key("cached", "prompt, cached"),
+      key("computed", "prompt, computed"),
+      key("generation", "completion"),
+      el("span", { "data-stat": "hit_share", text: "Cached share of prompt tokens: " + percent(m.stats.hit_share) }),
+      readout,
+    );
+    return el("figure", { className: "chart" }, caption, chart(m.stats, generatedAt, readout));
+  }
+
+  function renderModel(m, generatedAt) {
+    return el("section", { className: "model", "data-model": m.model },
+      el("div", { className: "model-head" },
+        el("h2", { text: m.model }),
+        el("span", { className: "muted", text: m.mode === "ranks" ? "one server, ranks" : "one server per replica" }),
+        badges(m),
+      ),
+      replicaTable(m),
+      since(m),
+      stats(m, generatedAt),
+    );
+  }
+
+  function render(data) {
+    if (data.models.length === 0) {
+      main.replaceChildren(el("p", { className: "muted", text: "No model is configured: add a model to the warden global option." }));
+      return;
+    }
+    main.replaceChildren(...data.models.map((m) => renderModel(m, data.generated_at)));
+  }
+
+  async function refresh() {
+    try {
+      const resp = await fetch(jsonAddress(), { headers: { Accept: "application/json" }, cache: "no-store", credentials: "same-origin" });
+      if (!resp.ok) throw new Error("HTTP " + resp.status);
+      const data = await resp.json();
+      refreshMS = data.refresh_ms || refreshMS;
+      render(data);
+      lastGood = new Date();
+      statusLine.className = "muted";
+      statusLine.textContent = "updated " + clockSeconds(lastGood) + " · every " + refreshMS / 1000 + " s";
+    } catch (err) {
+      statusLine.className = "stale";
+      statusLine.textContent = "update failed (" + err.message + ")" + (lastGood ? "; showing data from " + clockSeconds(lastGood) : "");
+    }
+  }
+
+  async function loop() {
+    if (!document.hidden) await refresh();
+    setTimeout(loop, refreshMS);
+  }
+
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) refresh();
+  });
+  loop();
+})();

@@ -1,0 +1,108 @@
+package caddymodule
+
+import (
+	"math"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"github.com/lmwarden/caddy-warden/metricsfeed"
+)
+
+// panelRefresh is how often the panel page fetches its JSON again.
+const panelRefresh = 2 * time.Second
+
+// statsStep is the resolution of the panel's tokens-per-second chart: an hour
+// of history is at most 720 points per model.
+const statsStep = 5 * time.Second
+
+// PanelData is the JSON twin of the panel page: everything it shows.
+type PanelData struct {
+	GeneratedAt time.Time `json:"generated_at"`
+	// RefreshMS is how often the page fetches this again, in milliseconds.
+	RefreshMS int64        `json:"refresh_ms"`
+	Models    []PanelModel `json:"models"`
+}
+
+// PanelModel is one model's part of the panel: its admin status (the badges
+// and the replica table), its counters' start in human form and its token
+// traffic over the last hour.
+type PanelModel struct {
+	ModelStatus
+	// SinceHuman is Since relative to GeneratedAt, e.g. "3 minutes ago".
+	SinceHuman string     `json:"since_human"`
+	Stats      PanelStats `json:"stats"`
+}
+
+// PanelStats is a model's prompt and completion traffic over the last hour,
+// all replicas together, from the engines' own counters. The series are
+// columns of the same length: At[i] is the start (Unix seconds) of a step of
+// StepSeconds, and steps without samples are left out.
+type PanelStats struct {
+	StepSeconds   float64 `json:"step_seconds"`
+	WindowSeconds float64 `json:"window_seconds"`
+	At            []int64 `json:"at"`
+	// Cached is prompt tokens per second served from the prefix cache, as the
+	// engines report them; Computed is the rest of the prompt tokens.
+	Cached     []float64 `json:"cached_tokens_per_s"`
+	Computed   []float64 `json:"computed_tokens_per_s"`
+	Generation []float64 `json:"generation_tokens_per_s"`
+	// HitShare is cached / prompt tokens over the whole window, 0..1; 0 when
+	// no prompt token was counted.
+	HitShare float64 `json:"hit_share"`
+}
+
+// panelData assembles the panel of every live model at now.
+func panelData(now time.Time) PanelData {
+	out := PanelData{GeneratedAt: now, RefreshMS: panelRefresh.Milliseconds(), Models: []PanelModel{}}
+	for _, name := range modelNames() {
+		if m, ok := lookupModel(name); ok {
+			out.Models = append(out.Models, m.panel(now))
+		}
+	}
+	return out
+}
+
+// panel is the model's part of the panel at now.
+func (m *model) panel(now time.Time) PanelModel {
+	st := m.status(now)
+	var sources []metricsfeed.Source
+	for _, rep := range m.router.Replicas() {
+		sources = append(sources, source(rep))
+	}
+	return PanelModel{
+		ModelStatus: st,
+		SinceHuman:  humanize.RelTime(st.Since, now, "ago", "from now"),
+		Stats:       hourStats(m.history, now, sources),
+	}
+}
+
+// hourStats is the traffic of the sources over the history's last hour.
+func hourStats(h *metricsfeed.History, now time.Time, sources []metricsfeed.Source) PanelStats {
+	out := PanelStats{
+		StepSeconds:   statsStep.Seconds(),
+		WindowSeconds: historyRetention.Seconds(),
+		At:            []int64{},
+		Cached:        []float64{},
+		Computed:      []float64{},
+		Generation:    []float64{},
+	}
+	from := now.Add(-historyRetention)
+	for _, p := range h.Series(statsStep, sources...) {
+		if p.At.Before(from) || p.At.After(now) {
+			continue
+		}
+		out.At = append(out.At, p.At.Unix())
+		out.Cached = append(out.Cached, roundRate(p.CachedPerSec))
+		out.Computed = append(out.Computed, roundRate(p.ComputedPerSec))
+		out.Generation = append(out.Generation, roundRate(p.GenPerSec))
+	}
+	if rates, ok := h.Rates(now, historyRetention, sources...); ok && rates.PromptPerSec > 0 {
+		out.HitShare = min(rates.CachedPerSec/rates.PromptPerSec, 1)
+	}
+	return out
+}
+
+// roundRate keeps two decimals of a rate: plenty for a chart, and it keeps
+// the JSON that the page fetches every refresh small.
+func roundRate(v float64) float64 { return math.Round(v*100) / 100 }
