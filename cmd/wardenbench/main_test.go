@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lmwarden/caddy-warden/bench/report"
+)
+
+func TestLabWritesTableJSONAndPlots(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "lab.json")
+	var stdout, stderr bytes.Buffer
+	code := mainWithArgs(context.Background(), []string{"lab",
+		"--sessions", "2,4", "--duration", "15s", "--seeds", "1,2", "--policies", "warden,vllm",
+		"--num-gpu-blocks", "3000", "--turns", "3", "--json", jsonPath, "--plots", dir,
+	}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	rows, err := report.ReadJSON(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2*2*2 {
+		t.Fatalf("%d rows, want 8", len(rows))
+	}
+	for _, r := range rows {
+		if r.Mode != report.ModeLab || r.DurationS != 15 || !slices.Contains([]int{2, 4}, r.Sessions) {
+			t.Fatalf("row %+v", r)
+		}
+	}
+	out := stdout.String()
+	for _, want := range []string{"seed on", "warden", "vllm", "±", report.TTFBPlot, jsonPath} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestFlagsAndSubcommandErrors(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	run := func(args ...string) int {
+		stdout.Reset()
+		stderr.Reset()
+		return mainWithArgs(context.Background(), args, &stdout, &stderr)
+	}
+	if code := run("lab", "--policies", "warden,nosuch", "--sessions", "1", "--duration", "1s"); code != 1 || !strings.Contains(stderr.String(), "nosuch") {
+		t.Errorf("unknown policy: exit %d, %s", code, stderr.String())
+	}
+	if code := run("lab", "--sessions", "4,x"); code != 1 {
+		t.Errorf("bad level list: exit %d", code)
+	}
+	if code := run("lab", "--profile", "nosuch"); code != 1 || !strings.Contains(stderr.String(), "unknown profile") {
+		t.Errorf("unknown profile: exit %d, %s", code, stderr.String())
+	}
+	if code := run("frobnicate"); code != 2 {
+		t.Errorf("unknown subcommand: exit %d", code)
+	}
+	if code := run("lab", "-h"); code != 0 || !strings.Contains(stderr.String(), "-max-num-seqs") {
+		t.Errorf("help: exit %d, %s", code, stderr.String())
+	}
+	if endToEnd == nil {
+		if code := run("run", "--sessions", "4"); code != 1 || !strings.Contains(stderr.String(), errNoEndToEnd.Error()) {
+			t.Errorf("run without the end-to-end runner: exit %d, %s", code, stderr.String())
+		}
+	}
+	if code := run("run", "--topology", "mesh"); code != 1 || !strings.Contains(stderr.String(), "topology") {
+		t.Errorf("bad topology: exit %d, %s", code, stderr.String())
+	}
+}
+
+func TestProfileNameIsFoundBeforeParsing(t *testing.T) {
+	for args, want := range map[string]string{
+		"":                            "a4000-qwen3-4b",
+		"--profile x --seed 2":        "x",
+		"-seed 2 -profile=y":          "y",
+		"--policies profile --seed 1": "a4000-qwen3-4b",
+	} {
+		if got := profileName(strings.Fields(args)); got != want {
+			t.Errorf("profileName(%q) = %q, want %q", args, got, want)
+		}
+	}
+	var l intList
+	if err := l.Set("4, 8,16"); err != nil || !slices.Equal(l, intList{4, 8, 16}) {
+		t.Errorf("intList: %v, %v", l, err)
+	}
+	if err := l.Set("0"); err == nil {
+		t.Error("accepted level 0")
+	}
+	if err := new(stringList).Set(" , "); err == nil {
+		t.Error("accepted an empty policy list")
+	}
+}
