@@ -1,0 +1,198 @@
+package caddymodule_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+var (
+	// A selector written as name{...}: the dashboard writes every selector
+	// with a label matcher (at least the model variable), so this finds the
+	// metric names of its queries and nothing else.
+	selectorName = regexp.MustCompile(`([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{`)
+	// Any warden series name, to catch one written without braces.
+	wardenName = regexp.MustCompile(`caddy_warden_[a-zA-Z0-9_]+`)
+	// The metric of a Grafana variable query.
+	labelValuesOf = regexp.MustCompile(`label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)`)
+	// A row of the table in docs/metrics.md: name, type, labels.
+	docRow   = regexp.MustCompile("(?m)^\\|\\s*`(caddy_warden_[a-z0-9_]+)`\\s*\\|\\s*([a-z]+)\\s*\\|([^|]*)\\|")
+	docLabel = regexp.MustCompile("`([a-z_]+)`")
+)
+
+// dashboardMetrics lists the metric names that the dashboard's panel queries
+// and variables use, with the query each was first seen in.
+func dashboardMetrics(t *testing.T, path string) map[string]string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dashboard struct {
+		Panels     []json.RawMessage `json:"panels"`
+		Templating struct {
+			List []struct {
+				Type  string `json:"type"`
+				Query any    `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(data, &dashboard); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	names := map[string]string{}
+	var exprs []string
+	for _, p := range dashboard.Panels {
+		var panel struct {
+			Title   string `json:"title"`
+			Type    string `json:"type"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		}
+		if err := json.Unmarshal(p, &panel); err != nil {
+			t.Fatal(err)
+		}
+		if panel.Type != "row" && len(panel.Targets) == 0 {
+			t.Errorf("panel %q has no query", panel.Title)
+		}
+		for _, target := range panel.Targets {
+			exprs = append(exprs, target.Expr)
+		}
+	}
+	for _, expr := range exprs {
+		var found []string
+		for _, m := range selectorName.FindAllStringSubmatch(expr, -1) {
+			found = append(found, m[1])
+		}
+		if len(found) == 0 {
+			t.Errorf("query selects no metric: %q", expr)
+		}
+		for _, name := range wardenName.FindAllString(expr, -1) {
+			if !slices.Contains(found, name) {
+				t.Errorf("query uses %s without a {label matcher}, so this test cannot see it: %q", name, expr)
+			}
+		}
+		for _, name := range found {
+			if _, seen := names[name]; !seen {
+				names[name] = expr
+			}
+		}
+	}
+	for _, v := range dashboard.Templating.List {
+		if q, ok := v.Query.(string); ok && v.Type == "query" {
+			m := labelValuesOf.FindStringSubmatch(q)
+			if m == nil {
+				t.Errorf("variable query %q: expected label_values(metric, label)", q)
+				continue
+			}
+			names[m[1]] = q
+		}
+	}
+	return names
+}
+
+// scrapeMetrics reads Caddy's /metrics on the admin address.
+func scrapeMetrics(t *testing.T, f *fleet) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + f.caddy.Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	return families
+}
+
+func TestExportedMetrics(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
+	f := startFleet(t, "replicas {replicas}", backends...)
+	convs := conversations("metrics", 6)
+	for range 3 {
+		concurrently(len(convs), func(i int) { f.turn(t, convs[i], holdHeader, "50ms") })
+	}
+	f.turn(t, "") // one request without a session key
+	families := scrapeMetrics(t, f)
+
+	t.Run("the Grafana dashboard queries only exported series", func(t *testing.T) {
+		names := dashboardMetrics(t, "../examples/grafana-dashboard.json")
+		if len(names) == 0 {
+			t.Fatal("no metric name found in the dashboard")
+		}
+		for name, query := range names {
+			if families[name] == nil {
+				t.Errorf("dashboard queries %s, which Caddy's /metrics does not export (in %q)", name, query)
+			}
+		}
+		t.Logf("%d metric names checked", len(names))
+	})
+
+	t.Run("docs/metrics.md lists every warden series with its type and labels", func(t *testing.T) {
+		doc, err := os.ReadFile("../docs/metrics.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		documented := map[string]bool{}
+		for _, row := range docRow.FindAllStringSubmatch(string(doc), -1) {
+			name, kind := row[1], row[2]
+			documented[name] = true
+			family := families[name]
+			if family == nil {
+				t.Errorf("documented %s is not exported", name)
+				continue
+			}
+			if want := strings.ToLower(family.GetType().String()); kind != want {
+				t.Errorf("%s documented as %s, exported as %s", name, kind, want)
+			}
+			var labels []string
+			for _, m := range docLabel.FindAllStringSubmatch(row[3], -1) {
+				labels = append(labels, m[1])
+			}
+			if exported := labelNames(family); !slices.Equal(sorted(labels), exported) {
+				t.Errorf("%s documented with labels %v, exported with %v", name, labels, exported)
+			}
+		}
+		for name := range families {
+			if strings.HasPrefix(name, "caddy_warden_") && !documented[name] {
+				t.Errorf("exported %s is not documented", name)
+			}
+		}
+		if len(documented) == 0 {
+			t.Error("no series documented")
+		}
+	})
+}
+
+// labelNames is the sorted union of the label names of a family's metrics.
+func labelNames(family *dto.MetricFamily) []string {
+	var names []string
+	for _, m := range family.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if !slices.Contains(names, l.GetName()) {
+				names = append(names, l.GetName())
+			}
+		}
+	}
+	return sorted(names)
+}
+
+func sorted(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}
