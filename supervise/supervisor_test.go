@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 const waitLimit = 10 * time.Second
@@ -134,10 +136,19 @@ func running(pid int) bool {
 	return ok && state != 'Z' && state != 'X'
 }
 
+// waitGone fails the test if one of pids outlives waitLimit, and kills it
+// then so that a failed test leaves nothing behind.
 func waitGone(t *testing.T, pids ...int) {
 	t.Helper()
+	deadline := time.Now().Add(waitLimit)
 	for _, pid := range pids {
-		waitFor(t, fmt.Sprintf("process %d to end", pid), func() bool { return !running(pid) })
+		for running(pid) {
+			if time.Now().After(deadline) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("process %d is still running", pid)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }
 
@@ -437,6 +448,7 @@ func TestStopContextEndingSendsKillAtOnce(t *testing.T) {
 }
 
 func TestEscapedProcessDoesNotHoldStop(t *testing.T) {
+	before := goleak.IgnoreCurrent()
 	rec := &recorder{}
 	spec := childSpec(t, "--grandchild", "--escape")
 	opts := rec.options()
@@ -452,6 +464,9 @@ func TestEscapedProcessDoesNotHoldStop(t *testing.T) {
 	if took := stop(t, sup); took < opts.OutputDrain || took > 3*time.Second {
 		t.Errorf("Stop took %v with OutputDrain %v", took, opts.OutputDrain)
 	}
+	// The output readers are gone though the escaped process still holds the
+	// pipes (TestMain's check would come after the cleanup kills it).
+	goleak.VerifyNone(t, before)
 	waitGone(t, ready.PID)
 	if !running(escaped) {
 		t.Error("the escaped process is gone, so this test did not need OutputDrain")
