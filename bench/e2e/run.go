@@ -57,10 +57,17 @@ type Options struct {
 	Progress func(policy string, sessions int, done bool)
 }
 
-// Policies a run can compare, by topology.
+// Policies a run can compare, by topology. In ranks mode "off" and "vllm"
+// both leave the engine to vLLM's balancer (off through warden, which then
+// sets no rank; vllm without warden).
 var policiesFor = map[string][]string{
 	TopologyServers: {"warden", "off", "header", "least_conn", "round_robin"},
 	TopologyRanks:   {"warden", "off", "vllm"},
+}
+
+// DefaultPolicies are the policies a topology compares.
+func DefaultPolicies(topology string) []string {
+	return slices.Clone(policiesFor[topology])
 }
 
 func (o *Options) check() error {

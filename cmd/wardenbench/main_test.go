@@ -64,11 +64,6 @@ func TestFlagsAndSubcommandErrors(t *testing.T) {
 	if code := run("lab", "-h"); code != 0 || !strings.Contains(stderr.String(), "-max-num-seqs") {
 		t.Errorf("help: exit %d, %s", code, stderr.String())
 	}
-	if endToEnd == nil {
-		if code := run("run", "--sessions", "4"); code != 1 || !strings.Contains(stderr.String(), errNoEndToEnd.Error()) {
-			t.Errorf("run without the end-to-end runner: exit %d, %s", code, stderr.String())
-		}
-	}
 	if code := run("run", "--topology", "mesh"); code != 1 || !strings.Contains(stderr.String(), "topology") {
 		t.Errorf("bad topology: exit %d, %s", code, stderr.String())
 	}

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 
+	"github.com/lmwarden/caddy-warden/bench/e2e"
 	"github.com/lmwarden/caddy-warden/bench/report"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 )
 
 // runOptions is what the end-to-end runner needs: the common flags plus the
@@ -22,20 +24,9 @@ type runOptions struct {
 	Fresh bool
 	// TimeScale runs simulated time this many times faster than the wall clock.
 	TimeScale float64
-	// OutDir receives extra files the run writes (e.g. the admin API's JSON).
+	// OutDir receives the binaries and the admin API's JSON after each level.
 	OutDir string
-	// Progress, if not nil, is told of each finished level.
-	Progress func()
 }
-
-// endToEnd runs the benchmark through Caddy and simulated replicas and
-// returns one row per policy, level and seed (report.ModeRun). It is nil
-// until the end-to-end runner is wired in, e.g. in a file of this package:
-//
-//	func init() { endToEnd = func(ctx context.Context, o runOptions) ([]report.Row, error) { return e2e.Run(ctx, e2e.Options{...}) } }
-var endToEnd func(ctx context.Context, opts runOptions) ([]report.Row, error)
-
-var errNoEndToEnd = errors.New("the end-to-end runner is not built into this binary yet; use `wardenbench lab`")
 
 // runEndToEnd is `wardenbench run`.
 func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -47,34 +38,75 @@ func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := flag.NewFlagSet("wardenbench run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c.register(fs)
-	fs.StringVar(&opts.Topology, "topology", "servers", "servers (one vllmsim per replica) or ranks (one vllmsim with --data-parallel-size)")
+	fs.StringVar(&opts.Topology, "topology", e2e.TopologyServers, "servers (one vllmsim per replica) or ranks (one vllmsim with --data-parallel-size)")
 	fs.BoolVar(&opts.Fresh, "fresh", false, "restart the replicas between series instead of keeping them warm")
-	fs.Float64Var(&opts.TimeScale, "time-scale", 1, "run simulated time this many times faster than the wall clock")
-	fs.StringVar(&opts.OutDir, "out", ".", "directory for extra files the run writes (admin API JSON)")
+	fs.Float64Var(&opts.TimeScale, "time-scale", 10, "run simulated time this many times faster than the wall clock")
+	fs.StringVar(&opts.OutDir, "out", "wardenbench-run", "directory for the binaries and the admin API's JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if opts.Topology != "servers" && opts.Topology != "ranks" {
-		return fmt.Errorf("topology must be servers or ranks, got %q", opts.Topology)
+	policiesSet := false
+	fs.Visit(func(f *flag.Flag) { policiesSet = policiesSet || f.Name == "policies" })
+	if !policiesSet {
+		c.policies = stringList(e2e.DefaultPolicies(opts.Topology))
 	}
 	return endToEndAndPresent(ctx, opts, stdout, stderr)
 }
 
-// endToEndAndPresent runs the end-to-end benchmark with a progress bar and
-// shows its rows.
+// endToEndAndPresent runs the end-to-end benchmark for every seed with a
+// progress bar, and shows its rows.
 func endToEndAndPresent(ctx context.Context, opts runOptions, stdout, stderr io.Writer) error {
-	if endToEnd == nil {
-		return errNoEndToEnd
-	}
 	bar := newProgress(stderr, len(opts.policies)*len(opts.levels)*len(opts.seedList()), "run")
-	opts.Progress = func() { bar.Add(1) }
-	rows, err := endToEnd(ctx, opts)
-	bar.Finish()
-	if err != nil {
-		return err
+	var rows []report.Row
+	for _, seed := range opts.seedList() {
+		workload := opts.workload
+		workload.Seed = seed
+		seedRows, err := e2e.Run(ctx, e2e.Options{
+			Topology:   opts.Topology,
+			Replicas:   opts.replicas,
+			MaxNumSeqs: opts.profile.MaxNumSeqs,
+			Sessions:   opts.levels,
+			Duration:   opts.duration,
+			TimeScale:  opts.TimeScale,
+			Policies:   opts.policies,
+			Seed:       uint64(seed),
+			Workload:   workload,
+			Fresh:      opts.Fresh,
+			SimArgs:    profileArgs(opts.profile),
+			WorkDir:    opts.OutDir,
+			Progress: func(_ string, _ int, done bool) {
+				if done {
+					bar.Add(1)
+				}
+			},
+		})
+		rows = append(rows, seedRows...)
+		if err != nil {
+			bar.Finish()
+			return err
+		}
 	}
+	bar.Finish()
 	return present(opts.common, rows, stdout)
+}
+
+// profileArgs passes the engine profile to vllmsim as flags.
+func profileArgs(p engine.Profile) []string {
+	return []string{
+		"--profile", p.Name,
+		"--max-num-batched-tokens", strconv.Itoa(p.MaxNumBatchedTokens),
+		"--num-gpu-blocks", strconv.Itoa(p.NumGPUBlocks),
+		"--block-size", strconv.Itoa(p.BlockSize),
+		"--max-model-len", strconv.Itoa(p.MaxModelLen),
+		"--scheduler-reserve-full-isl=" + strconv.FormatBool(p.ReserveFullPrompt),
+		"--step-overhead", p.StepOverhead.String(),
+		"--prefill-token-cost", p.PrefillTokenCost.String(),
+		"--weights-bytes", strconv.FormatFloat(p.WeightsBytes, 'g', -1, 64),
+		"--kv-bytes-per-token", strconv.FormatFloat(p.KVBytesPerToken, 'g', -1, 64),
+		"--mem-bandwidth", strconv.FormatFloat(p.MemBandwidth, 'g', -1, 64),
+		"--mem-efficiency", strconv.FormatFloat(p.MemEfficiency, 'g', -1, 64),
+	}
 }
