@@ -3,16 +3,20 @@ package caddymodule
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth" // basic_auth
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
@@ -103,6 +107,28 @@ func TestPanelServeHTTP(t *testing.T) {
 	}
 }
 
+// In a site, basic_auth runs before the panel whatever the order written.
+func TestPanelDirectiveOrder(t *testing.T) {
+	const site = `http://127.0.0.1:8080 {
+	warden_panel /warden/*
+	basic_auth /warden/* {
+		operator $2a$04$e1SlGYHjRkuVGzqpIPZu8.v0RGbBO4RThwkbQ8k20FMM5XwzNEPmK
+	}
+}`
+	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handlers []string
+	for _, m := range regexp.MustCompile(`"handler":"([a-z_]+)"`).FindAllStringSubmatch(string(adapted), -1) {
+		handlers = append(handlers, m[1])
+	}
+	auth, panel := slices.Index(handlers, "authentication"), slices.Index(handlers, "warden_panel")
+	if auth < 0 || panel < 0 || auth > panel {
+		t.Errorf("handlers in order %v: want authentication before warden_panel\n%s", handlers, adapted)
+	}
+}
+
 func TestPanelCaddyfile(t *testing.T) {
 	for _, tc := range []struct {
 		input string
@@ -145,7 +171,7 @@ func TestHourStats(t *testing.T) {
 	feed(h, "a", t0, 60, 0.75)
 	now := t0.Add(60 * time.Second)
 
-	st := hourStats(h, now, []metricsfeed.Source{metricsfeed.WholeTarget("a")})
+	st := hourStats(h, now, statsStep, []metricsfeed.Source{metricsfeed.WholeTarget("a")})
 	if len(st.At) == 0 || len(st.Cached) != len(st.At) || len(st.Computed) != len(st.At) || len(st.Generation) != len(st.At) {
 		t.Fatalf("columns of unequal or zero length: %+v", st)
 	}
@@ -166,7 +192,7 @@ func TestHourStats(t *testing.T) {
 	}
 
 	// Samples older than the hour are neither charted nor counted.
-	late := hourStats(h, now.Add(2*historyRetention), []metricsfeed.Source{metricsfeed.WholeTarget("a")})
+	late := hourStats(h, now.Add(2*historyRetention), statsStep, []metricsfeed.Source{metricsfeed.WholeTarget("a")})
 	if len(late.At) != 0 || late.HitShare != 0 {
 		t.Errorf("two hours later: %d steps, hit share %v; want none", len(late.At), late.HitShare)
 	}
@@ -204,4 +230,29 @@ func TestPanelDataOfLiveModel(t *testing.T) {
 	if len(got.Stats.At) == 0 || math.Abs(got.Stats.HitShare-0.5) > 1e-9 {
 		t.Errorf("stats: %d steps, hit share %v; want the replica's 0.5", len(got.Stats.At), got.Stats.HitShare)
 	}
+}
+
+// An hour of history at one scrape a second, for four engines: the work
+// of one panel refresh per model.
+func BenchmarkHourStats(b *testing.B) {
+	const engines = 4
+	h := metricsfeed.NewHistory(historyRetention, time.Second)
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	var sources []metricsfeed.Source
+	for e := range engines {
+		target := fmt.Sprintf("127.0.0.1:%d", 8001+e)
+		feed(h, target, t0, int(historyRetention/time.Second), 0.8)
+		sources = append(sources, metricsfeed.WholeTarget(target))
+	}
+	now := t0.Add(historyRetention)
+	var st PanelStats
+	for b.Loop() {
+		st = hourStats(h, now, statsStep, sources)
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(len(st.At)), "points")
+	b.ReportMetric(float64(len(data)), "json-bytes")
 }

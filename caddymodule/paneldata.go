@@ -12,8 +12,9 @@ import (
 // panelRefresh is how often the panel page fetches its JSON again.
 const panelRefresh = 2 * time.Second
 
-// statsStep is the resolution of the panel's tokens-per-second chart: an hour
-// of history is at most 720 points per model.
+// statsStep is the finest resolution of the panel's tokens-per-second chart:
+// an hour of history is at most 720 points per model. Models polled less
+// often get one point per poll.
 const statsStep = 5 * time.Second
 
 // PanelData is the JSON twin of the panel page: everything it shows.
@@ -73,14 +74,15 @@ func (m *model) panel(now time.Time) PanelModel {
 	return PanelModel{
 		ModelStatus: st,
 		SinceHuman:  humanize.RelTime(st.Since, now, "ago", "from now"),
-		Stats:       hourStats(m.history, now, sources),
+		Stats:       hourStats(m.history, now, max(statsStep, m.config().metricsInterval()), sources),
 	}
 }
 
-// hourStats is the traffic of the sources over the history's last hour.
-func hourStats(h *metricsfeed.History, now time.Time, sources []metricsfeed.Source) PanelStats {
+// hourStats is the traffic of the sources over the history's last hour, one
+// point per step.
+func hourStats(h *metricsfeed.History, now time.Time, step time.Duration, sources []metricsfeed.Source) PanelStats {
 	out := PanelStats{
-		StepSeconds:   statsStep.Seconds(),
+		StepSeconds:   step.Seconds(),
 		WindowSeconds: historyRetention.Seconds(),
 		At:            []int64{},
 		Cached:        []float64{},
@@ -88,7 +90,7 @@ func hourStats(h *metricsfeed.History, now time.Time, sources []metricsfeed.Sour
 		Generation:    []float64{},
 	}
 	from := now.Add(-historyRetention)
-	for _, p := range h.Series(statsStep, sources...) {
+	for _, p := range h.Series(step, sources...) {
 		if p.At.Before(from) || p.At.After(now) {
 			continue
 		}
