@@ -18,8 +18,9 @@ type App struct {
 	// Models by name; `lb_policy warden <name>` routes for one of them.
 	Models map[string]*ModelConfig `json:"models,omitempty"`
 
-	models []*model
-	logger *zap.Logger
+	models    []*model
+	processes []process
+	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -48,6 +49,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return err
 		}
 		a.models = append(a.models, m)
+		ps, err := loadProcesses(name, cfg, a.logger)
+		if err != nil {
+			return err
+		}
+		a.processes = append(a.processes, ps...)
+		m.setProcesses(ps)
 	}
 	return nil
 }
@@ -62,20 +69,23 @@ func (a *App) model(name string) (*model, bool) {
 	return nil, false
 }
 
-// Start starts polling the replicas of every model.
+// Start launches the processes not running yet and starts polling the
+// replicas of every model.
 func (a *App) Start() error {
+	startProcesses(a.processes)
 	for _, m := range a.models {
 		m.start()
 	}
 	return nil
 }
 
-// Stop does nothing: pollers belong to the models, which stop when the
-// last config that uses them is cleaned up.
+// Stop does nothing: pollers and processes belong to the models, which stop
+// them when the last config that uses them is cleaned up.
 func (a *App) Stop() error { return nil }
 
-// Cleanup drops this config's references to its models.
+// Cleanup drops this config's references to its models and processes.
 func (a *App) Cleanup() error {
+	releaseProcesses(a.processes)
 	for _, m := range a.models {
 		if _, err := models.Delete(m.name); err != nil {
 			return err

@@ -19,7 +19,15 @@ func init() {
 //	warden {
 //		model <name> {
 //			replicas <host:port>...          # one vLLM server per replica
+//			replica [<host:port>] {           # or one at a time, launched by Caddy
+//				process <command> <args>...   # e.g. vllm serve MODEL --port 8001
+//				env <name> <value>
+//				dir <path>
+//				startup_timeout <duration>
+//				stop_grace <duration>
+//			}
 //			server <host:port> ranks <n>      # or one server with internal DP
+//			server [<host:port> ranks <n>] { process ... }
 //			max_num_seqs <n>
 //			spill_threshold auto|<n>
 //			affinity on|off
@@ -84,6 +92,11 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			for _, a := range addrs {
 				m.Replicas = append(m.Replicas, ReplicaConfig{Address: a})
 			}
+		case "replica":
+			var r ReplicaConfig
+			d.Args(&r.Address)
+			r.Process, err = parseProcessBlock(d)
+			m.Replicas = append(m.Replicas, r)
 		case "server":
 			m.Server, err = parseServer(d)
 		case "max_num_seqs":
@@ -126,16 +139,76 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 	return m, nil
 }
 
+// parseServer reads `server <host:port> ranks <n>`, whose address and ranks
+// may be left out when a process block gives --port and --data-parallel-size.
 func parseServer(d *caddyfile.Dispenser) (*ServerConfig, error) {
-	var addr, kw, n string
-	if !d.Args(&addr, &kw, &n) || kw != "ranks" {
+	srv := &ServerConfig{}
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 3 && args[1] == "ranks":
+		ranks, err := strconv.Atoi(args[2])
+		if err != nil || ranks < 1 {
+			return nil, d.Errf("ranks: expected a positive integer, got %q", args[2])
+		}
+		srv.Address, srv.Ranks = args[0], ranks
+	case len(args) == 0: // from the process block
+	default:
 		return nil, d.Err("expected: server <host:port> ranks <n>")
 	}
-	ranks, err := strconv.Atoi(n)
-	if err != nil || ranks < 1 {
-		return nil, d.Errf("ranks: expected a positive integer, got %q", n)
+	var err error
+	srv.Process, err = parseProcessBlock(d)
+	if err == nil && srv.Address == "" && srv.Process == nil {
+		err = d.Err("expected: server <host:port> ranks <n>, or a block with a process")
 	}
-	return &ServerConfig{Address: addr, Ranks: ranks}, nil
+	return srv, err
+}
+
+// parseProcessBlock reads the optional block of a replica or server.
+func parseProcessBlock(d *caddyfile.Dispenser) (*ProcessConfig, error) {
+	var p *ProcessConfig
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if p == nil {
+			p = &ProcessConfig{}
+		}
+		opt := d.Val()
+		var err error
+		switch opt {
+		case "process":
+			p.Command = d.RemainingArgs()
+			if len(p.Command) == 0 {
+				return nil, d.Err("process: expected a command, e.g. process vllm serve MODEL --port 8001")
+			}
+		case "env":
+			var name, value string
+			if !d.Args(&name, &value) {
+				return nil, d.Err("env: expected a name and a value")
+			}
+			if p.Env == nil {
+				p.Env = map[string]string{}
+			}
+			p.Env[name] = value
+		case "dir":
+			if !d.Args(&p.Dir) {
+				return nil, d.Err("dir: expected a directory")
+			}
+		case "startup_timeout":
+			p.StartupTimeout, err = duration(d)
+		case "stop_grace":
+			p.StopGrace, err = duration(d)
+		default:
+			return nil, d.Errf("unrecognized process option %q; expected process, env, dir, startup_timeout or stop_grace", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if d.NextArg() {
+			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
+		}
+	}
+	if p != nil && len(p.Command) == 0 {
+		return nil, d.Err("the block needs a process line")
+	}
+	return p, nil
 }
 
 func parseSpillThreshold(d *caddyfile.Dispenser, m *ModelConfig) error {

@@ -59,6 +59,8 @@ type ModelConfig struct {
 type ReplicaConfig struct {
 	// Address is the host:port reverse_proxy dials.
 	Address string `json:"address"`
+	// Process, when set, is the vLLM server the app launches and supervises.
+	Process *ProcessConfig `json:"process,omitempty"`
 }
 
 // ServerConfig is one vLLM server with internal data parallelism.
@@ -66,15 +68,42 @@ type ServerConfig struct {
 	Address string `json:"address"`
 	// Ranks is its --data-parallel-size.
 	Ranks int `json:"ranks"`
+	// Process, when set, is the vLLM server the app launches and supervises.
+	Process *ProcessConfig `json:"process,omitempty"`
+}
+
+// ProcessConfig is a vLLM server the warden app runs: started with Caddy,
+// ready when /health answers 200, restarted with growing delays when it
+// exits, stopped (SIGTERM to its process group, SIGKILL after stop_grace)
+// with Caddy. A config reload that keeps the command, environment and
+// directory keeps the running process.
+type ProcessConfig struct {
+	// Command is the program and its arguments, e.g. vllm serve MODEL --port 8001.
+	Command []string `json:"command"`
+	// Env is added to Caddy's environment, e.g. CUDA_VISIBLE_DEVICES.
+	Env map[string]string `json:"env,omitempty"`
+	// Dir is the working directory.
+	Dir string `json:"dir,omitempty"`
+	// StartupTimeout bounds loading the model (default 15m).
+	StartupTimeout caddy.Duration `json:"startup_timeout,omitempty"`
+	// StopGrace is the time between SIGTERM and SIGKILL (default 30s).
+	StopGrace caddy.Duration `json:"stop_grace,omitempty"`
 }
 
 const defaultBodyScanBytes = 64 << 10
 
-// validate checks the model's shape; errors name the model.
+// validate fills what process command lines say (address from --port,
+// ranks from --data-parallel-size, max_num_seqs from --max-num-seqs) and
+// checks the model's shape; errors name the model.
 func (c *ModelConfig) validate(name string) error {
+	if err := c.fromProcesses(); err != nil {
+		return fmt.Errorf("model %q: %v", name, err)
+	}
 	switch {
 	case len(c.Replicas) == 0 && c.Server == nil:
 		return fmt.Errorf("model %q: needs replicas or a server", name)
+	case c.Server != nil && c.Server.Address == "":
+		return fmt.Errorf("model %q: server needs an address (or a process with --port)", name)
 	case len(c.Replicas) > 0 && c.Server != nil:
 		return fmt.Errorf("model %q: replicas and server are exclusive", name)
 	case c.Server != nil && c.Server.Ranks < 1:
@@ -84,6 +113,9 @@ func (c *ModelConfig) validate(name string) error {
 	}
 	seen := map[string]bool{}
 	for _, a := range c.addresses() {
+		if a == "" {
+			return fmt.Errorf("model %q: a replica needs an address (or a process with --port)", name)
+		}
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("model %q: address %q: want host:port: %v", name, a, err)
 		}

@@ -63,6 +63,7 @@ func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 	block := strings.NewReplacer("{replicas}", strings.Join(addrs, " "), "{server}", addrs[0]).Replace(modelBlock)
 	caddyfile := fmt.Sprintf(`{
 	admin %s
+	default_bind 127.0.0.1
 	warden {
 		model m {
 			%s

@@ -13,6 +13,7 @@ import (
 	"github.com/lmwarden/caddy-warden/health"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/supervise"
 )
 
 // models holds each model's live state by name. It outlives config loads:
@@ -35,8 +36,9 @@ type model struct {
 
 	mu       sync.Mutex
 	cfg      *ModelConfig
-	trackers map[string]*health.Tracker // by server address
-	cancel   context.CancelFunc         // stops the poller and sweeper; nil when not running
+	trackers map[string]*health.Tracker       // by server address
+	procs    map[string]*supervise.Supervisor // launched servers by address
+	cancel   context.CancelFunc               // stops the poller and sweeper; nil when not running
 	done     chan struct{}
 }
 
@@ -89,6 +91,29 @@ func (m *model) configure(cfg *ModelConfig, logger *zap.Logger) {
 	}
 	m.trackers = trackers
 	m.poller.SetTargets(cfg.addresses())
+}
+
+// setProcesses records the model's launched servers.
+func (m *model) setProcesses(ps []process) {
+	procs := make(map[string]*supervise.Supervisor, len(ps))
+	for _, p := range ps {
+		procs[p.addr] = p.sup
+	}
+	m.mu.Lock()
+	m.procs = procs
+	m.mu.Unlock()
+}
+
+// processState is the state of the server at addr if warden launched it.
+func (m *model) processState(addr string) *supervise.State {
+	m.mu.Lock()
+	sup := m.procs[addr]
+	m.mu.Unlock()
+	if sup == nil {
+		return nil
+	}
+	st := sup.State()
+	return &st
 }
 
 // config returns the model's current configuration.

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/supervise"
 )
 
 // hitRateWindow is the window of the prefix hit rate shown per replica.
@@ -51,6 +52,8 @@ type ReplicaStatus struct {
 	Health         string  `json:"health"`
 	Sessions       int64   `json:"sessions"`
 	ActiveSessions int64   `json:"active_sessions"`
+	// Process is the launched vLLM server's state, when warden runs it.
+	Process *supervise.State `json:"process,omitempty"`
 }
 
 // status assembles the model's panel from its router, metrics and health.
@@ -107,6 +110,7 @@ func (m *model) status(now time.Time) ModelStatus {
 		if t := m.tracker(rs.Address); t != nil {
 			row.Health = t.State(now).String()
 		}
+		row.Process = m.processState(rs.Address)
 		out.Replicas = append(out.Replicas, row)
 	}
 	if rates, ok := m.history.Rates(now, hitRateWindow, sources...); ok {

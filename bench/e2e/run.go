@@ -203,6 +203,7 @@ func caddyfile(o Options, policy, site string, sims []*Sim) config {
 	}[policy]
 	return config(fmt.Sprintf(`{
 	admin {$ADMIN}
+	default_bind 127.0.0.1
 	log {
 		level ERROR
 	}

@@ -1,0 +1,255 @@
+package caddymodule_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/caddymodule"
+)
+
+var (
+	simOnce sync.Once
+	simBin  string
+	simErr  error
+)
+
+// vllmsimBinary builds cmd/vllmsim once, for tests whose replicas are
+// processes launched by Caddy.
+func vllmsimBinary(t *testing.T) string {
+	t.Helper()
+	simOnce.Do(func() {
+		simBin = filepath.Join(filepath.Dir(caddyBin), "vllmsim")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		simErr = caddyproc.Build(ctx, "./cmd/vllmsim", simBin)
+	})
+	if simErr != nil {
+		t.Fatal(simErr)
+	}
+	return simBin
+}
+
+// supervisedCaddyfile runs two simulated replicas as Caddy's own processes.
+// {spill} and {third} are filled in per load.
+const supervisedCaddyfile = `{
+	admin %[1]s
+	default_bind 127.0.0.1
+	warden {
+		model m {
+			replica {
+				process %[2]s --port %[3]s --id a --time-scale 20 --max-num-seqs 16 --model m
+				stop_grace 5s
+			}
+			replica {
+				process %[2]s --port %[4]s --id b --time-scale 20 --max-num-seqs 16 --model m
+				stop_grace 5s
+			}
+			{third}
+			spill_threshold {spill}
+			metrics_interval 100ms
+		}
+	}
+}
+http://%[5]s {
+	reverse_proxy 127.0.0.1:%[3]s 127.0.0.1:%[4]s {third_upstream} {
+		lb_policy warden m
+		flush_interval -1
+	}
+}
+`
+
+type supervisedFleet struct {
+	*fleet
+	template string
+}
+
+func (f *supervisedFleet) config(spill string, third string) string {
+	upstream := ""
+	if third != "" {
+		upstream = "127.0.0.1:" + third
+		third = fmt.Sprintf("replica 127.0.0.1:%s {\n\t\t\t\tprocess /bin/sh -c \"exit 3\"\n\t\t\t}", third)
+	}
+	return strings.NewReplacer("{spill}", spill, "{third}", third, "{third_upstream}", upstream).Replace(f.template)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	addr, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr[strings.LastIndex(addr, ":")+1:]
+}
+
+func startSupervised(t *testing.T) *supervisedFleet {
+	sim := vllmsimBinary(t)
+	admin, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &supervisedFleet{template: fmt.Sprintf(supervisedCaddyfile, admin, sim, freePort(t), freePort(t), site)}
+	p, err := caddyproc.Start(caddyBin, f.config("8", ""), admin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
+	f.fleet = &fleet{caddy: p, site: site}
+	f.waitReady(t, 2)
+	return f
+}
+
+// waitReady waits until n processes are ready and their replicas healthy.
+func (f *supervisedFleet) waitReady(t *testing.T, n int) caddymodule.ModelStatus {
+	t.Helper()
+	var st caddymodule.ModelStatus
+	eventually(t, 30*time.Second, fmt.Sprintf("%d processes ready", n), func() bool {
+		st = f.status(t)
+		ready := 0
+		for _, r := range st.Replicas {
+			if r.Process != nil && r.Process.State == "ready" && r.Healthy {
+				ready++
+			}
+		}
+		return ready == n
+	})
+	return st
+}
+
+func pids(st caddymodule.ModelStatus) map[string]int {
+	out := map[string]int{}
+	for _, r := range st.Replicas {
+		if r.Process != nil {
+			out[r.ID] = r.Process.PID
+		}
+	}
+	return out
+}
+
+// alive reports whether pid runs (a zombie waiting to be reaped does not).
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+// servedBy sends new conversations until one is served by engine id.
+func (f *supervisedFleet) servedBy(t *testing.T, id string, prefix string) bool {
+	for i := range 12 {
+		resp, err := f.send(context.Background(), fmt.Sprintf("%s-%d", prefix, i))
+		if err != nil {
+			continue
+		}
+		engine := resp.Header.Get("X-Vllmsim-Engine")
+		resp.Body.Close()
+		if strings.HasPrefix(engine, id+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSupervisedReplicas(t *testing.T) {
+	f := startSupervised(t)
+	st := f.status(t)
+	if st.MaxNumSeqs != 16 || st.SpillThreshold != 8 {
+		t.Errorf("max_num_seqs %d (from --max-num-seqs), threshold %d", st.MaxNumSeqs, st.SpillThreshold)
+	}
+	before := pids(st)
+	if !f.servedBy(t, "a", "first") || !f.servedBy(t, "b", "first") {
+		t.Fatal("both launched replicas should serve")
+	}
+
+	t.Run("kill -9 restarts the child and it serves again", func(t *testing.T) {
+		victim := st.Replicas[0]
+		if err := syscall.Kill(victim.Process.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the killed child restarted", func() bool {
+			for _, r := range f.status(t).Replicas {
+				if r.ID == victim.ID && r.Process.Restarts == 1 {
+					return true
+				}
+			}
+			return false
+		})
+		after := f.waitReady(t, 2)
+		for _, r := range after.Replicas {
+			if r.ID == victim.ID && (r.Process.Restarts != 1 || r.Process.PID == victim.Process.PID) {
+				t.Errorf("after kill -9: restarts %d, pid %d (was %d)", r.Process.Restarts, r.Process.PID, victim.Process.PID)
+			}
+		}
+		if !f.servedBy(t, "a", "after-kill") {
+			t.Error("the restarted replica takes no traffic")
+		}
+		before = pids(after)
+	})
+
+	t.Run("a reload changing the spill threshold keeps the processes", func(t *testing.T) {
+		if err := f.caddy.Do(http.MethodPost, "/load", []byte(f.config("3", "")), nil, "Content-Type", "text/caddyfile"); err != nil {
+			t.Fatal(err)
+		}
+		after := f.waitReady(t, 2)
+		if after.SpillThreshold != 3 {
+			t.Errorf("threshold %d after reload, want 3", after.SpillThreshold)
+		}
+		for id, pid := range pids(after) {
+			if pid != before[id] {
+				t.Errorf("%s: pid %d after reload, was %d", id, pid, before[id])
+			}
+		}
+	})
+
+	t.Run("a child that exits at once backs off while the others serve", func(t *testing.T) {
+		if err := f.caddy.Do(http.MethodPost, "/load", []byte(f.config("3", freePort(t))), nil, "Content-Type", "text/caddyfile"); err != nil {
+			t.Fatal(err)
+		}
+		var delays []time.Duration
+		eventually(t, 15*time.Second, "three growing restart delays", func() bool {
+			for _, r := range f.status(t).Replicas {
+				p := r.Process
+				if p == nil || p.State != "restarting" || p.NextRestart.IsZero() {
+					continue
+				}
+				d := p.NextRestart.Sub(p.Since).Round(100 * time.Millisecond)
+				if len(delays) == 0 || delays[len(delays)-1] != d {
+					delays = append(delays, d)
+				}
+			}
+			return len(delays) >= 3
+		})
+		for i := 1; i < len(delays); i++ {
+			if delays[i] <= delays[i-1] {
+				t.Errorf("restart delays do not grow: %v", delays)
+			}
+		}
+		if !f.servedBy(t, "a", "during-crashloop") || !f.servedBy(t, "b", "during-crashloop") {
+			t.Error("healthy replicas stopped serving during another's crash loop")
+		}
+	})
+
+	t.Run("stopping Caddy leaves no child behind", func(t *testing.T) {
+		last := pids(f.status(t))
+		f.caddy.Stop()
+		for id, pid := range last {
+			if pid != 0 && alive(pid) {
+				t.Errorf("%s: process %d still runs after Caddy stopped", id, pid)
+			}
+		}
+	})
+}
