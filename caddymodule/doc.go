@@ -1,5 +1,6 @@
 // Package caddymodule is the Caddy side of warden: the `warden` app (global
-// option), the `warden` reverse_proxy selection policy, the admin API routes
-// and the Prometheus collector. Routing decisions live in package selection;
+// option) with its supervised vLLM processes, the `warden` reverse_proxy
+// selection policy, the admin API routes, the `warden_panel` handler and the
+// Prometheus collector. Routing decisions live in package selection;
 // this package only adapts them to Caddy.
 package caddymodule

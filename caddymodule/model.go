@@ -281,12 +281,18 @@ func modelNames() []string {
 	return names
 }
 
-// fleetRates are the model's token rates over window, all servers together.
-func (m *model) fleetRates(now time.Time, window time.Duration) metricsfeed.Rates {
-	var sources []metricsfeed.Source
-	for _, addr := range m.config().addresses() {
-		sources = append(sources, metricsfeed.WholeTarget(addr))
+// sources select the counters of every replica of the model.
+func (m *model) sources() []metricsfeed.Source {
+	reps := m.router.Replicas()
+	out := make([]metricsfeed.Source, len(reps))
+	for i, rep := range reps {
+		out[i] = source(rep)
 	}
-	rates, _ := m.history.Rates(now, window, sources...)
+	return out
+}
+
+// fleetRates are the model's token rates over window, all replicas together.
+func (m *model) fleetRates(now time.Time, window time.Duration) metricsfeed.Rates {
+	rates, _ := m.history.Rates(now, window, m.sources()...)
 	return rates
 }

@@ -67,14 +67,10 @@ func panelData(now time.Time) PanelData {
 // panel is the model's part of the panel at now.
 func (m *model) panel(now time.Time) PanelModel {
 	st := m.status(now)
-	var sources []metricsfeed.Source
-	for _, rep := range m.router.Replicas() {
-		sources = append(sources, source(rep))
-	}
 	return PanelModel{
 		ModelStatus: st,
 		SinceHuman:  humanize.RelTime(st.Since, now, "ago", "from now"),
-		Stats:       hourStats(m.history, now, max(statsStep, m.config().metricsInterval()), sources),
+		Stats:       hourStats(m.history, now, max(statsStep, m.config().metricsInterval()), m.sources()),
 	}
 }
 

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"time"
 
-	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
 
@@ -81,10 +80,7 @@ func (m *model) status(now time.Time) ModelStatus {
 	if cfg.Server != nil {
 		out.Mode = "ranks"
 	}
-	var sources []metricsfeed.Source
 	for _, rs := range st.Replicas {
-		src := source(rs.Replica)
-		sources = append(sources, src)
 		row := ReplicaStatus{
 			ID:             rs.ID,
 			Address:        rs.Address,
@@ -104,7 +100,7 @@ func (m *model) status(now time.Time) ModelStatus {
 			Sessions:       rs.Sessions,
 			ActiveSessions: rs.ActiveSessions,
 		}
-		if rates, ok := m.history.Rates(now, hitRateWindow, src); ok {
+		if rates, ok := m.history.Rates(now, hitRateWindow, source(rs.Replica)); ok {
 			row.PrefixHitRate = rates.HitRate()
 		}
 		if t := m.tracker(rs.Address); t != nil {
@@ -113,7 +109,7 @@ func (m *model) status(now time.Time) ModelStatus {
 		row.Process = m.processState(rs.Address)
 		out.Replicas = append(out.Replicas, row)
 	}
-	if rates, ok := m.history.Rates(now, hitRateWindow, sources...); ok {
+	if rates, ok := m.history.Rates(now, hitRateWindow, m.sources()...); ok {
 		out.PrefixHitRate = rates.HitRate()
 	}
 	return out
