@@ -166,6 +166,9 @@ func (r *Runner) loop(ctx context.Context, client *http.Client, record func(Resu
 			session = r.Generator.NewSession()
 		}
 		turn, _ := session.Next()
+		if !sleep(ctx, turn.Think) {
+			return
+		}
 		res, reply := r.send(ctx, client, session, turn)
 		record(res)
 		switch {
@@ -216,4 +219,19 @@ func (r *Runner) exchange(ctx context.Context, client *http.Client, s *Session, 
 		return streamOutcome{}, fmt.Errorf("status %d: %s", resp.StatusCode, detail)
 	}
 	return readStream(cfg.API, resp.Body)
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -222,6 +222,7 @@ func smallWorkload(api API) Config {
 	cfg := DefaultConfig()
 	cfg.API = api
 	cfg.SystemPromptTokens, cfg.FirstMessageTokens, cfg.TurnTokens, cfg.Turns = 50, 100, 20, 3
+	cfg.ThinkTime = 0
 	return cfg
 }
 
@@ -395,5 +396,28 @@ func TestRunnerStopsWithContext(t *testing.T) {
 	}
 	if report.Summary.Cut != 2 {
 		t.Errorf("%d requests cut, want 2", report.Summary.Cut)
+	}
+}
+
+func TestRunnerPausesBeforeEachTurn(t *testing.T) {
+	cfg := smallWorkload(APIAnthropic)
+	cfg.ThinkTime, cfg.ThinkSpread = 150*time.Millisecond, 0
+	rep, _ := runAgainst(t, newFakeSim(t), cfg, 1, time.Second)
+	var ok []Result
+	for _, r := range rep.Results {
+		if r.OK() {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) < 2 || len(ok) > 7 {
+		t.Fatalf("%d requests in 1 s with 150 ms pauses", len(ok))
+	}
+	if ok[0].Start.Sub(rep.Start) < 150*time.Millisecond {
+		t.Errorf("first turn sent %v after the start, before its pause", ok[0].Start.Sub(rep.Start))
+	}
+	for i := 1; i < len(ok); i++ {
+		if gap := ok[i].Start.Sub(ok[i-1].End); gap < 150*time.Millisecond {
+			t.Errorf("turn %d sent %v after the previous ended, want >= 150ms", i, gap)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 )
 
 // Message is one entry of the conversation history.
@@ -33,6 +34,8 @@ type Turn struct {
 	MaxTokens int
 	// NewTokens is the size of the new user message in tokens.
 	NewTokens int
+	// Think is the pause before sending the turn.
+	Think time.Duration
 }
 
 // Generator hands out the sessions of one run. Session i is the same for a
@@ -148,6 +151,9 @@ func (s *Session) Next() (Turn, bool) {
 		Messages:  s.history[:len(s.history):len(s.history)],
 		MaxTokens: spreadBelow(s.rng, cfg.MaxOutputTokens, cfg.MaxOutputSpread),
 		NewTokens: tokens,
+	}
+	if cfg.ThinkTime > 0 { // drawn only then, so that a workload without pauses keeps its texts
+		s.pending.Think = time.Duration(float64(cfg.ThinkTime) * (1 + cfg.ThinkSpread*(2*s.rng.Float64()-1)))
 	}
 	s.awaiting = true
 	return s.pending, true

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
@@ -322,5 +323,31 @@ func TestRegisterFlags(t *testing.T) {
 	}
 	if cfg.FirstMessageTokens != 7300 {
 		t.Errorf("unset flag changed first message tokens to %d", cfg.FirstMessageTokens)
+	}
+}
+
+func TestThinkTimesAreSpreadAndSeeded(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ThinkTime, cfg.ThinkSpread = time.Second, 1
+	a, b := mustGenerator(t, cfg).NewSession(), mustGenerator(t, cfg).NewSession()
+	var lo, hi time.Duration = time.Hour, 0
+	for {
+		ta, okA := a.Next()
+		tb, _ := b.Next()
+		if !okA {
+			break
+		}
+		if ta.Think != tb.Think {
+			t.Fatalf("turn %d: think %v vs %v for the same seed", ta.Index, ta.Think, tb.Think)
+		}
+		if ta.Think < 0 || ta.Think > 2*time.Second {
+			t.Fatalf("think %v outside [0, 2s]", ta.Think)
+		}
+		lo, hi = min(lo, ta.Think), max(hi, ta.Think)
+		a.Reply("done")
+		b.Reply("done")
+	}
+	if hi-lo < 100*time.Millisecond {
+		t.Errorf("think times %v..%v: not spread", lo, hi)
 	}
 }

@@ -105,6 +105,7 @@ func (q *eventQueue) Pop() any {
 type slot struct {
 	session *agentload.Session
 	current *request
+	paused  bool // the pending turn's think time has passed
 }
 
 // request is one turn in flight.
@@ -211,13 +212,19 @@ func (s *sim) schedule(at time.Duration, kind eventKind, index int) {
 }
 
 // send starts the slot's next turn, with a new session when the last one is
-// over, and routes it.
+// over, and routes it once the turn's think time has passed.
 func (s *sim) send(slotIndex int) {
 	sl := &s.slots[slotIndex]
 	if sl.session == nil || sl.session.Done() {
 		sl.session = s.gen.NewSession()
 	}
 	turn, _ := sl.session.Next()
+	if turn.Think > 0 && !sl.paused {
+		sl.paused = true
+		s.schedule(s.now+turn.Think, eventSend, slotIndex)
+		return
+	}
+	sl.paused = false
 	msgs := make([]tokenizer.Message, len(turn.Messages))
 	for i, m := range turn.Messages {
 		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
