@@ -39,11 +39,16 @@ type Options struct {
 	Replicas   int
 	MaxNumSeqs int
 	Sessions   []int
-	Duration   time.Duration
-	TimeScale  float64
-	Policies   []string
-	Seed       uint64
-	Workload   agentload.Config
+	// Warmup runs the load before each measured Duration, so that sessions
+	// are staggered as in a steady state.
+	Warmup    time.Duration
+	Duration  time.Duration
+	TimeScale float64
+	// BlockSize is the simulated engines' KV block size, for the hit bound.
+	BlockSize int
+	Policies  []string
+	Seed      uint64
+	Workload  agentload.Config
 	// Fresh restarts the replicas before each policy's series; by default
 	// they keep their caches, as in the seed's run.
 	Fresh bool
@@ -80,8 +85,8 @@ func (o *Options) check() error {
 			return fmt.Errorf("policy %q does not apply to topology %s (possible: %s)", p, o.Topology, strings.Join(allowed, ", "))
 		}
 	}
-	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || len(o.Sessions) == 0 {
-		return errors.New("replicas, time scale, duration and sessions must be positive")
+	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.BlockSize < 1 || len(o.Sessions) == 0 {
+		return errors.New("replicas, time scale, duration, block size and sessions must be positive, warm-up not negative")
 	}
 	return o.Workload.Validate()
 }
@@ -101,6 +106,9 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	}
 	var rows []report.Row
 	var sims []*Sim
+	// bound remembers every prompt the current replicas have seen: a warm
+	// fleet can hit on an earlier level's prompts, and so can the ideal cache.
+	var bound *boundRecorder
 	defer func() { StopSims(sims) }()
 	var caddy *caddyproc.Process
 	defer func() {
@@ -114,6 +122,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			if sims, err = StartSims(ctx, simBin, o); err != nil {
 				return rows, err
 			}
+			bound = newBoundRecorder(o.Workload.SessionHeader, o.BlockSize)
 			if caddy != nil {
 				caddy.Stop()
 				caddy = nil
@@ -144,7 +153,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			if o.Progress != nil {
 				o.Progress(policy, n, false)
 			}
-			row, err := runLevel(ctx, o, policy, n, "http://"+site, sims)
+			row, err := runLevel(ctx, o, policy, n, "http://"+site, sims, bound)
 			if err != nil {
 				return rows, fmt.Errorf("%s at %d sessions: %v", policy, n, err)
 			}
@@ -230,32 +239,59 @@ func saveAdminJSON(caddy *caddyproc.Process, path string) error {
 	return os.WriteFile(path, out.Bytes(), 0o644)
 }
 
-// runLevel runs one level and measures it.
-func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim) (report.Row, error) {
-	before, err := ScrapeAll(ctx, sims)
+// runLevel runs one level, warm-up first, and measures it.
+func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim, bound *boundRecorder) (report.Row, error) {
+	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / o.TimeScale) }
+	workload := o.Workload
+	workload.ThinkTime = wall(workload.ThinkTime) // the pauses pass in simulated time too
+	gen, err := agentload.NewGenerator(workload)
 	if err != nil {
 		return report.Row{}, err
 	}
-	gen, err := agentload.NewGenerator(o.Workload)
-	if err != nil {
-		return report.Row{}, err
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.Proxy = nil // loopback only
+	transport.MaxIdleConnsPerHost = sessions
+	defer transport.CloseIdleConnections()
+	bound.measureFrom(time.Now().Add(time.Hour)) // nothing counts during the warm-up
+	runner := &agentload.Runner{
+		Generator: gen, BaseURL: base, Sessions: sessions, Duration: wall(o.Warmup + o.Duration),
+		Client: &http.Client{Transport: bound.through(transport)}, OnResult: bound.onResult,
 	}
-	wall := time.Duration(float64(o.Duration) / o.TimeScale)
-	sampler := newBusySampler(sims, time.Duration(float64(time.Second)/o.TimeScale))
+
+	// The measured window opens after the warm-up: counters, busy samples
+	// and the hit bound start there.
+	var before []metricsfeed.Scrape
+	var measureErr error
+	sampler := newBusySampler(sims, wall(time.Second))
 	samplerCtx, stopSampler := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { sampler.run(samplerCtx) })
-	rep, err := (&agentload.Runner{Generator: gen, BaseURL: base, Sessions: sessions, Duration: wall}).Run(ctx)
+	wg.Go(func() {
+		select {
+		case <-samplerCtx.Done():
+			return
+		case <-time.After(wall(o.Warmup)):
+		}
+		bound.measureFrom(time.Now())
+		before, measureErr = ScrapeAll(ctx, sims)
+		sampler.run(samplerCtx)
+	})
+	rep, err := runner.Run(ctx)
 	stopSampler()
 	wg.Wait()
+	if err == nil {
+		err = measureErr
+	}
 	if err != nil {
 		return report.Row{}, err
+	}
+	if before == nil {
+		return report.Row{}, errors.New("the level ended before its warm-up did")
 	}
 	after, err := ScrapeAll(ctx, sims)
 	if err != nil {
 		return report.Row{}, err
 	}
-	sum := rep.Summary
+	sum := agentload.Summarize(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End)
 	hits, queries, preemptions := counterDeltas(before, after)
 	row := report.Row{
 		Mode:               report.ModeRun,
@@ -269,6 +305,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		TTFBP95S:           sum.TTFBP95.Seconds() * o.TimeScale,
 		ReplicasBusy:       sampler.mean(),
 		StayedPercent:      sum.StayedPercent,
+		HitBoundPercent:    bound.percent(),
 		Requests:           sum.Requests,
 		Errors:             sum.Errors,
 		Cut:                sum.Cut,

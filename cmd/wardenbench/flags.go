@@ -15,6 +15,7 @@ import (
 // common holds the flags every subcommand shares.
 type common struct {
 	levels    intList
+	warmup    time.Duration
 	duration  time.Duration
 	seed      int64
 	seeds     int64List
@@ -39,6 +40,7 @@ func newCommon(args []string) (*common, error) {
 	}
 	return &common{
 		levels:    intList{4, 8, 16, 24, 32},
+		warmup:    time.Minute,
 		duration:  3 * time.Minute,
 		seed:      1,
 		policies:  stringList(lab.DefaultPolicies),
@@ -51,7 +53,8 @@ func newCommon(args []string) (*common, error) {
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.Var(&c.levels, "sessions", "comma-separated concurrency levels")
-	fs.DurationVar(&c.duration, "duration", c.duration, "length of each level")
+	fs.DurationVar(&c.warmup, "warmup", c.warmup, "load before each measured level, so that sessions are staggered")
+	fs.DurationVar(&c.duration, "duration", c.duration, "length of each measured level")
 	fs.Int64Var(&c.seed, "seed", c.seed, "seed of the workload")
 	fs.Var(&c.seeds, "seeds", "comma-separated seeds, reported as mean and standard deviation (overrides --seed)")
 	fs.Var(&c.policies, "policies", "comma-separated routing policies")

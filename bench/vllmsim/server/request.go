@@ -192,3 +192,18 @@ func parseOpenAI(body []byte) (chatRequest, error) {
 	}
 	return out, nil
 }
+
+// PromptTokens returns the prompt token ids the simulator computes for a
+// request body sent to path (/v1/messages or /v1/chat/completions), for
+// clients that need the exact token stream, such as the benchmark's hit bound.
+func PromptTokens(path string, body []byte) ([]uint32, error) {
+	parse := parseOpenAI
+	if strings.HasSuffix(path, "/messages") {
+		parse = parseAnthropic
+	}
+	req, err := parse(body)
+	if err != nil {
+		return nil, err
+	}
+	return tokenizer.ChatTokens(req.system, req.messages), nil
+}
