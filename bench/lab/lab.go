@@ -10,6 +10,10 @@
 // so stale load is modelled too. Baselines are vLLM's internal balancer
 // (bench/vllmsim/dplb) and Caddy's own header, least_conn and round_robin.
 //
+// Each run's closed loop runs for Config.Warmup before its measured
+// Config.Duration; every number of the row (results, engine counters, busy
+// samples, hit bound) covers the measured window only.
+//
 // Each (policy, level) starts from a fresh fleet (empty caches, zeroed
 // counters) unless Config.Warm is set, in which case one fleet serves every
 // run of a seed in order, policies then levels, as the seed's own
@@ -37,7 +41,11 @@ type Config struct {
 	Profile engine.Profile
 	// Replicas is the number of engines.
 	Replicas int
-	// Duration is the simulated length of each run (one level of one policy).
+	// Warmup is how long each run's closed loop runs before its measured
+	// Duration starts, so that sessions are staggered and caches filled as in
+	// a steady state; nothing of the warm-up is measured.
+	Warmup time.Duration
+	// Duration is the simulated, measured length of each run (one level of one policy).
 	Duration time.Duration
 	// MetricsInterval is how often the warden policy sees the engines' metrics.
 	MetricsInterval time.Duration
@@ -47,13 +55,20 @@ type Config struct {
 	Warm bool
 }
 
+// DefaultWarmup is Config.Warmup's default: at every level of the seed's
+// workload some sessions have ended and been replaced by then, so sessions no
+// longer start and end in lockstep when the measurement begins.
+const DefaultWarmup = time.Minute
+
 // DefaultConfig is the seed's setup: its workload on 4 engines of the
-// a4000-qwen3-4b profile, 3 minutes per level, metrics every second.
+// a4000-qwen3-4b profile, 3 minutes per level after a minute of warm-up,
+// metrics every second.
 func DefaultConfig() Config {
 	return Config{
 		Workload:        agentload.DefaultConfig(),
 		Profile:         engine.Profiles[engine.DefaultProfile],
 		Replicas:        4,
+		Warmup:          DefaultWarmup,
 		Duration:        3 * time.Minute,
 		MetricsInterval: time.Second,
 	}
@@ -64,6 +79,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Replicas < 1 {
 		errs = append(errs, fmt.Errorf("replicas must be at least 1, got %d", c.Replicas))
+	}
+	if c.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("warm-up must not be negative, got %v", c.Warmup))
 	}
 	if c.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("duration must be positive, got %v", c.Duration))
@@ -78,8 +96,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Run simulates policy with sessions concurrent sessions for cfg.Duration
-// from a fresh fleet and returns its row of the table.
+// Run simulates policy with sessions concurrent sessions for cfg.Warmup then
+// cfg.Duration from a fresh fleet and returns its row of the table.
 func Run(cfg Config, policy string, sessions int, seed int64) (report.Row, error) {
 	rows, err := Sweep(cfg, Plan{Policies: []string{policy}, Levels: []int{sessions}, Seeds: []int64{seed}}, 1, nil)
 	if err != nil {

@@ -50,7 +50,8 @@ func TestSweepIsDeterministicWhateverTheWorkers(t *testing.T) {
 
 // TestShortRunsAccountForEveryRequest checks invariants of every policy at a
 // light and a heavy level: each request has one result, the engines' counters
-// agree with the results, and no policy beats the hit bound.
+// of the measured window agree with the results that end in it, and no
+// policy beats the hit bound.
 func TestShortRunsAccountForEveryRequest(t *testing.T) {
 	cfg := shortConfig()
 	for _, name := range PolicyNames() {
@@ -78,10 +79,16 @@ func TestShortRunsAccountForEveryRequest(t *testing.T) {
 			aborted := delta(func(s engine.Stats) uint64 { return s.RequestSuccess[engine.FinishAbort] })
 			generated := delta(func(s engine.Stats) uint64 { return s.GenerationTokens })
 
+			inWindow := 0
+			for _, r := range s.results {
+				if !r.End.Before(virtualTime(s.measured)) {
+					inWindow++
+				}
+			}
 			where := fmt.Sprintf("%s at %d sessions", name, sessions)
 			switch {
-			case s.routed == 0 || len(s.results) != s.routed || sum.Requests != s.routed:
-				t.Errorf("%s: %d routed, %d results, %d summarized", where, s.routed, len(s.results), sum.Requests)
+			case s.routed == 0 || len(s.results) != s.routed || sum.Requests != inWindow || inWindow == s.routed:
+				t.Errorf("%s: %d routed, %d results, %d in the window, %d summarized", where, s.routed, len(s.results), inWindow, sum.Requests)
 			case sum.Errors != 0 || sum.Cut > sessions:
 				t.Errorf("%s: %d errors, %d cut with %d slots", where, sum.Errors, sum.Cut, sessions)
 			case served < uint64(sum.Succeeded) || served > uint64(sum.Succeeded+sum.Cut) || aborted > uint64(sum.Cut):
@@ -174,5 +181,28 @@ func TestConfigAndPlanErrors(t *testing.T) {
 	}
 	if _, err := Run(DefaultConfig(), PolicyWarden, 0, 1); err == nil {
 		t.Error("accepted zero sessions")
+	}
+}
+
+// TestWarmupStaggersSessions checks that the warm-up is run but not measured:
+// without it every session of an overloaded level starts at the window's
+// start and none finishes in three minutes; after it sessions end all along.
+func TestWarmupStaggersSessions(t *testing.T) {
+	cfg := DefaultConfig()
+	cold := cfg
+	cold.Warmup = 0
+	without, err := Run(cold, PolicyWarden, 32, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with, err := Run(cfg, PolicyWarden, 32, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if with.DurationS != cfg.Duration.Seconds() || without.DurationS != cfg.Duration.Seconds() {
+		t.Fatalf("measured %gs and %gs, want %gs for both", with.DurationS, without.DurationS, cfg.Duration.Seconds())
+	}
+	if without.SessionsCompleted != 0 || with.SessionsCompleted == 0 {
+		t.Fatalf("sessions completed: %d without warm-up (want 0), %d with (want some)", without.SessionsCompleted, with.SessionsCompleted)
 	}
 }

@@ -77,6 +77,7 @@ const (
 	eventSend                       // index: a slot sends its session's next turn
 	eventStepStart                  // index: an engine starts a step if it has work
 	eventStepEnd                    // index: an engine's step ends; its tokens arrive
+	eventMeasure                    // the warm-up ends: the measured window starts
 )
 
 type event struct {
@@ -117,19 +118,27 @@ type request struct {
 	req      *engine.Request
 	chain    chain // the prompt's block hashes, for the hit bound
 	boundHit int   // the hit bound's tokens for this prompt
-	received int   // tokens delivered to the client
+	// warmup is set for a request the engine admitted before the measured
+	// window: the engines' counters of the window do not include it.
+	warmup bool
+	// early is how many of its tokens the engine generated before the
+	// window opened: they are not the window's output.
+	early    int
+	received int // tokens delivered to the client
 	result   agentload.Result
 }
 
-// sim is one run: a policy serving a level of sessions over [start, end].
+// sim is one run: a policy serving a level of sessions over [start, end],
+// measured over [measured, end] after the warm-up.
 type sim struct {
-	env        *Env
-	fleet      *fleet
-	policy     Policy
-	gen        *agentload.Generator
-	seed       int64
-	start, end time.Duration
-	now        time.Duration
+	env                  *Env
+	fleet                *fleet
+	policy               Policy
+	gen                  *agentload.Generator
+	seed                 int64
+	start, measured, end time.Duration
+	now                  time.Duration
+	measuring            bool
 
 	queue      eventQueue
 	seq        uint64
@@ -162,19 +171,21 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 	f := env.fleet
 	s := &sim{
 		env: env, fleet: f, policy: policy, gen: gen, seed: seed,
-		start: f.clock, end: f.clock + cfg.Duration, now: f.clock,
+		start: f.clock, measured: f.clock + cfg.Warmup, end: f.clock + cfg.Warmup + cfg.Duration, now: f.clock,
 		stepping:   make([]bool, len(f.engines)),
 		stepEvents: make([][]engine.Event, len(f.engines)),
 		slots:      make([]slot, sessions),
 		byRequest:  map[*engine.Request]*request{},
 	}
-	out := &outcome{sim: s, before: f.counters()}
+	out := &outcome{sim: s}
+	// The window opens before anything else scheduled at its instant.
+	s.schedule(s.measured, eventMeasure, 0)
 	// Policy tasks first, so that a metrics poll at the start precedes the
 	// first requests, as a proxy started before the load would have polled.
 	for i, t := range env.tasks {
 		s.schedule(max(t.next, s.start), eventTask, i)
 	}
-	s.schedule(s.start+busySampleInterval, eventSample, 0)
+	s.schedule(s.measured+busySampleInterval, eventSample, 0)
 	for i := range s.slots {
 		s.schedule(s.start, eventSend, i)
 	}
@@ -196,13 +207,16 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 			s.startStep(ev.index)
 		case eventStepEnd:
 			s.endStep(ev.index)
+		case eventMeasure:
+			out.before = f.counters()
+			s.openWindow()
 		}
 	}
 	s.now = s.end
 	s.cutInFlight()
 	f.clock = s.end
 	out.after = f.counters()
-	out.summary = agentload.Summarize(s.results, virtualTime(s.start), virtualTime(s.end))
+	out.summary = agentload.Summarize(s.results, virtualTime(s.measured), virtualTime(s.end))
 	return out, nil
 }
 
@@ -309,7 +323,7 @@ func (s *sim) finish(r *request) {
 	s.slots[r.slot].current = nil
 	output := r.req.Output[:r.received]
 	r.result.End, r.result.Status = virtualTime(s.now), 200
-	r.result.OutputTokens, r.result.CachedTokens = r.received, r.req.CachedTokens
+	r.result.OutputTokens, r.result.CachedTokens = r.received-r.early, r.req.CachedTokens
 	s.results = append(s.results, r.result)
 	s.fleet.bound.finish(r.chain, r.req.Prompt, output)
 	s.countBound(r)
@@ -328,7 +342,7 @@ func (s *sim) cutInFlight() {
 		s.fleet.engines[r.engine].Abort(r.req)
 		r.release()
 		r.result.End, r.result.Cut, r.result.Status = virtualTime(s.end), true, 200
-		r.result.OutputTokens = r.received
+		r.result.OutputTokens = r.received - r.early
 		if r.req.CachedTokens != notAdmitted {
 			r.result.CachedTokens = r.req.CachedTokens
 			s.countBound(r)
@@ -342,9 +356,36 @@ func (s *sim) cutInFlight() {
 	}
 }
 
+// openWindow starts the measurement. Requests the engines admitted during
+// the warm-up are in the counters snapshot taken now, so the bound leaves
+// them out too; those still waiting will be counted by both at admission.
+// Tokens generated so far, delivered or in a step under way, are left out of
+// the window's output as they are of its engine counters.
+func (s *sim) openWindow() {
+	s.measuring = true
+	for i := range s.slots {
+		if r := s.slots[i].current; r != nil {
+			r.warmup = r.req.CachedTokens != notAdmitted
+			r.early = r.received
+		}
+	}
+	for eng, stepping := range s.stepping {
+		if stepping {
+			for _, ev := range s.stepEvents[eng] {
+				s.byRequest[ev.Req].early++
+			}
+		}
+	}
+}
+
 // countBound adds an admitted request to the hit bound's totals, which thus
-// cover the same requests as the engines' prefix-cache counters.
+// cover the same requests as the engines' prefix-cache counters: those
+// admitted in the measured window. The bound itself keeps learning from the
+// warm-up's prompts, as the engines' caches do.
 func (s *sim) countBound(r *request) {
+	if !s.measuring || r.warmup {
+		return
+	}
 	s.boundHits += uint64(r.boundHit)
 	s.boundQueries += uint64(len(r.req.Prompt))
 }
@@ -376,7 +417,7 @@ func (o *outcome) row(policy string) report.Row {
 	hits := o.after.PrefixCacheHits - o.before.PrefixCacheHits
 	r := report.Row{
 		Mode: report.ModeLab, Policy: policy, Sessions: len(s.slots), Seed: s.seed,
-		DurationS:          (s.end - s.start).Seconds(),
+		DurationS:          (s.end - s.measured).Seconds(),
 		SessionsPerHour:    sum.SessionsPerHour,
 		OutputTokensPerMin: sum.OutputTokensPerMin,
 		TTFBP50S:           sum.TTFBP50.Seconds(),
