@@ -15,7 +15,10 @@ type Request struct {
 	// Usable reports whether the proxy can reach an upstream address now
 	// (Caddy's own health and max_requests); nil means every address.
 	Usable func(address string) bool
-	Now    time.Time
+	// PromptBytes is the size of the request body (Content-Length), 0 when
+	// unknown; RuleCacheFit estimates the prompt's tokens from it.
+	PromptBytes int64
+	Now         time.Time
 }
 
 // Outcome says why a replica was chosen.
@@ -38,16 +41,24 @@ const (
 	ClientPinned
 	// Unpinned: no key, or affinity off: placed by load alone.
 	Unpinned
+	// Moved: the pin had most likely evicted the conversation's prefix
+	// (RuleCacheFit); it was pinned anew by load.
+	Moved
 )
 
-var outcomeNames = [...]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned"}
+var outcomeNames = [...]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "moved"}
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
 // Decision is the replica chosen for a request. Its in-flight count includes
 // the request until Release is called, exactly once.
 type Decision struct {
-	rep     *replicaState
+	rep *replicaState
+	// conv is the conversation whose pin took the request, to mark when its
+	// blocks become evictable again; nil otherwise.
+	conv *session
+	// tokens is the request's estimated prompt tokens, 0 when unknown.
+	tokens  int64
 	Outcome Outcome
 }
 
@@ -62,8 +73,13 @@ func (d Decision) Replica() (rep Replica, ok bool) {
 // Release gives back the request's in-flight count when it ends, however
 // it ends.
 func (d Decision) Release() {
-	if d.rep != nil {
-		d.rep.inFlight.Add(-1)
+	if d.rep == nil {
+		return
+	}
+	d.rep.inFlight.Add(-1)
+	held := d.rep.held.Add(-d.tokens)
+	if d.conv != nil {
+		d.conv.evictedAt.Store(evictionPoint(d.rep, held, d.tokens))
 	}
 }
 
@@ -88,79 +104,127 @@ func (r *Router) Pick(req Request) Decision {
 		return r.pickByLoad(f, req, key)
 	}
 	now := req.Now.UnixNano()
+	tokens := r.promptTokens(req)
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
-	pin := sh.touch(key, now, r.ttl.Load())
-	sh.mu.Unlock()
-	if pin == nil {
-		return r.place(f, req, key, now)
+	e := sh.touch(key, now, r.ttl.Load())
+	if e == nil {
+		sh.mu.Unlock()
+		return r.place(f, req, key, now, tokens)
 	}
+	pin := e.pin
 	if !pin.usable() || !usableBy(req.Usable, pin) {
-		return r.replace(f, req, key, now)
+		sh.mu.Unlock()
+		return r.replace(f, req, key, now, tokens)
+	}
+	if rule(r.rule.Load()) == ruleCacheFit && likelyEvicted(e) {
+		sh.mu.Unlock()
+		return r.move(f, req, key, now, tokens)
 	}
 	threshold, _ := r.SpillThreshold()
 	if pin.inFlight.Add(1)-1 <= int64(threshold) {
 		pin.sticky.Add(1)
-		return Decision{rep: pin, Outcome: Sticky}
+		account(e, pin, tokens, true)
+		sh.mu.Unlock()
+		return Decision{rep: pin, conv: e, tokens: tokens, Outcome: Sticky}
 	}
 	pin.inFlight.Add(-1)
-	return r.spill(f, req, key, pin)
+	sh.mu.Unlock()
+	return r.spill(f, req, key, pin, tokens)
 }
 
 // place pins a new conversation to the least-loaded replica.
-func (r *Router) place(f *fleet, req Request, key uint64, now int64) Decision {
+func (r *Router) place(f *fleet, req Request, key uint64, now, tokens int64) Decision {
+	return r.pinByLoad(f, req, key, now, tokens, false)
+}
+
+// pinByLoad pins a conversation to the least-loaded replica: a new one, or
+// with evicted set one whose pin likely evicted it (kept if the pin is still
+// the least loaded). A conversation already known is moved, not counted as
+// a new one.
+func (r *Router) pinByLoad(f *fleet, req Request, key uint64, now, tokens int64, evicted bool) Decision {
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	e := sh.touch(key, now, r.ttl.Load())
 	// Another request of the same conversation may have placed it meanwhile.
-	if pin := sh.touch(key, now, r.ttl.Load()); pin != nil && pin.usable() && usableBy(req.Usable, pin) {
-		pin.inFlight.Add(1)
-		pin.sticky.Add(1)
-		return Decision{rep: pin, Outcome: Sticky}
+	if e != nil && !evicted && e.pin.usable() && usableBy(req.Usable, e.pin) {
+		e.pin.inFlight.Add(1)
+		e.pin.sticky.Add(1)
+		account(e, e.pin, tokens, true)
+		return Decision{rep: e.pin, conv: e, tokens: tokens, Outcome: Sticky}
 	}
 	s := r.leastLoaded(f, req.Usable, key, true)
 	if s == nil {
 		r.noReplica.Add(1)
 		return Decision{}
 	}
-	if _, known := sh.byKey[key]; known {
-		sh.repin(key, s, now)
-	} else {
-		r.evicted.Add(uint64(sh.insert(key, s, now)))
+	outcome := Placed
+	switch {
+	case e == nil:
+		var dropped int
+		e, dropped = sh.insert(key, s, now)
+		r.evicted.Add(uint64(dropped))
+		s.placed.Add(1)
+	case evicted:
+		outcome = Moved
+		if s != e.pin {
+			e.repin(s)
+		}
+		s.moved.Add(1)
+	default:
+		outcome = Replaced
+		e.repin(s)
+		s.replaced.Add(1)
 	}
 	s.inFlight.Add(1)
-	s.placed.Add(1)
 	s.sticky.Add(1)
-	return Decision{rep: s, Outcome: Placed}
+	account(e, s, tokens, false)
+	return Decision{rep: s, conv: e, tokens: tokens, Outcome: outcome}
 }
 
 // replace pins a conversation whose replica became unusable elsewhere.
-func (r *Router) replace(f *fleet, req Request, key uint64, now int64) Decision {
-	d := r.place(f, req, key, now)
-	if d.Outcome == Placed {
-		d.rep.placed.Add(^uint64(0)) // counted as a move, not a new conversation
-		d.rep.replaced.Add(1)
-		d.Outcome = Replaced
-	}
-	return d
+func (r *Router) replace(f *fleet, req Request, key uint64, now, tokens int64) Decision {
+	return r.pinByLoad(f, req, key, now, tokens, false)
+}
+
+// move pins anew a conversation whose pin likely evicted its prefix.
+func (r *Router) move(f *fleet, req Request, key uint64, now, tokens int64) Decision {
+	return r.pinByLoad(f, req, key, now, tokens, true)
 }
 
 // spill sends one request of an overloaded pin to the least-loaded replica,
 // unless the pin is itself the least loaded.
-func (r *Router) spill(f *fleet, req Request, key uint64, pin *replicaState) Decision {
+func (r *Router) spill(f *fleet, req Request, key uint64, pin *replicaState, tokens int64) Decision {
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
 	s := r.leastLoaded(f, req.Usable, key, false)
 	if s == nil || s == pin || cost(s, r.spillWeight(), false) >= cost(pin, r.spillWeight(), false) {
-		pin.inFlight.Add(1)
-		pin.sticky.Add(1)
-		return Decision{rep: pin, Outcome: Sticky}
+		return r.stickAfterAll(pin, key, req.Now.UnixNano(), tokens)
 	}
 	s.inFlight.Add(1)
 	s.spilledIn.Add(1)
-	return Decision{rep: s, Outcome: Spilled}
+	s.allocated.Add(tokens) // a stranger there: the whole prompt is computed
+	s.held.Add(tokens)
+	return Decision{rep: s, tokens: tokens, Outcome: Spilled}
+}
+
+// stickAfterAll serves a request on its pin when spilling found nothing lighter.
+func (r *Router) stickAfterAll(pin *replicaState, key uint64, now, tokens int64) Decision {
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	pin.inFlight.Add(1)
+	pin.sticky.Add(1)
+	e := sh.touch(key, now, r.ttl.Load())
+	if e == nil || e.pin != pin {
+		pin.held.Add(tokens)
+		return Decision{rep: pin, tokens: tokens, Outcome: Sticky}
+	}
+	account(e, pin, tokens, true)
+	return Decision{rep: pin, conv: e, tokens: tokens, Outcome: Sticky}
 }
 
 // pickByLoad serves a request that has no pin to honour.

@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,12 @@ type Config struct {
 	ActiveWindow time.Duration
 	// MaxSessions bounds the session table; the least recently used go first.
 	MaxSessions int
+	// Rule is the routing rule: RuleSeed (also "", the default) or
+	// RuleCacheFit. An unknown name (see CheckRule) is taken as the default.
+	Rule string
+	// BytesPerToken converts Request.PromptBytes into prompt tokens for
+	// RuleCacheFit; 0 means DefaultBytesPerToken.
+	BytesPerToken float64
 }
 
 func (c Config) withDefaults() Config {
@@ -44,6 +51,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.BytesPerToken <= 0 {
+		c.BytesPerToken = DefaultBytesPerToken
 	}
 	return c
 }
@@ -72,11 +82,13 @@ type Router struct {
 	// spreads instead of piling on one replica).
 	placeMu sync.Mutex
 
-	affinity     atomic.Bool
-	spillManual  atomic.Int64 // 0 = auto
-	maxNumSeqs   atomic.Int64
-	ttl          atomic.Int64 // nanoseconds
-	activeWindow atomic.Int64 // nanoseconds
+	affinity      atomic.Bool
+	spillManual   atomic.Int64 // 0 = auto
+	maxNumSeqs    atomic.Int64
+	ttl           atomic.Int64 // nanoseconds
+	activeWindow  atomic.Int64 // nanoseconds
+	rule          atomic.Uint32
+	bytesPerToken atomic.Uint64 // float64 bits
 
 	configured Config // last configuration applied by Configure, under placeMu
 
@@ -121,6 +133,9 @@ func (r *Router) apply(cfg Config, first bool) {
 	r.maxNumSeqs.Store(int64(cfg.MaxNumSeqs))
 	r.ttl.Store(int64(cfg.SessionTTL))
 	r.activeWindow.Store(int64(cfg.ActiveWindow))
+	parsed, _ := parseRule(cfg.Rule)
+	r.rule.Store(uint32(parsed))
+	r.bytesPerToken.Store(math.Float64bits(cfg.BytesPerToken))
 	if first || cfg.MaxSessions != old.MaxSessions {
 		r.sessions.setCapacity(cfg.MaxSessions)
 	}

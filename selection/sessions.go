@@ -2,6 +2,7 @@ package selection
 
 import (
 	"sync"
+	"sync/atomic"
 )
 
 // sessionShards spreads the session table over independent locks so that
@@ -12,10 +13,18 @@ const sessionShards = 64
 // last use (most recent first), which gives LRU eviction, TTL expiry and the
 // "active conversation" window with pointer moves only.
 type session struct {
-	key        uint64
-	pin        *replicaState
-	lastSeen   int64 // unix nanoseconds
-	active     bool  // used within the active window; counted in pin.active
+	key      uint64
+	pin      *replicaState
+	lastSeen int64 // unix nanoseconds
+	active   bool  // used within the active window; counted in pin.active
+	// tokens is the estimated prompt size of the conversation's last request
+	// on its pin, 0 when unknown.
+	tokens int64
+	// evictedAt is the pin's allocated count past which the conversation's
+	// prefix has most likely been evicted: set when its last request ends
+	// from the room the pin's cache had left beside it; the maximum while a
+	// request is in flight, since vLLM evicts only blocks no request uses.
+	evictedAt  atomic.Int64
 	prev, next *session
 }
 
@@ -59,9 +68,9 @@ func (t *sessionTable) shard(key uint64) *sessionShard {
 	return &t.shards[key%sessionShards]
 }
 
-// touch returns the pin of key and marks it used at now, or nil when the key
-// is unknown or idle for longer than ttl (the expired entry is removed).
-func (s *sessionShard) touch(key uint64, now, ttl int64) *replicaState {
+// touch returns the entry of key and marks it used at now, or nil when the
+// key is unknown or idle for longer than ttl (the expired entry is removed).
+func (s *sessionShard) touch(key uint64, now, ttl int64) *session {
 	e := s.byKey[key]
 	if e == nil {
 		return nil
@@ -79,12 +88,12 @@ func (s *sessionShard) touch(key uint64, now, ttl int64) *replicaState {
 	if s.oldestActive == nil { // e was an idle head: now the only active entry
 		s.oldestActive = e
 	}
-	return e.pin
+	return e
 }
 
 // insert pins key to pin, evicting the least recently used entries beyond
-// capacity. It returns the number of entries evicted.
-func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) int {
+// capacity. It returns the new entry and the number of entries evicted.
+func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) (*session, int) {
 	e := &session{key: key, pin: pin, lastSeen: now, active: true}
 	pin.sessions.Add(1)
 	pin.active.Add(1)
@@ -95,16 +104,12 @@ func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) int {
 		s.remove(s.tail)
 		evicted++
 	}
-	return evicted
+	return e, evicted
 }
 
-// repin moves an existing conversation to another replica.
-func (s *sessionShard) repin(key uint64, pin *replicaState, now int64) {
-	e := s.byKey[key]
-	if e == nil {
-		s.insert(key, pin, now)
-		return
-	}
+// repin moves an existing conversation to another replica; what it knew of
+// the conversation's cache on the old one no longer applies.
+func (e *session) repin(pin *replicaState) {
 	if e.active {
 		e.pin.active.Add(-1)
 		pin.active.Add(1)
@@ -112,6 +117,7 @@ func (s *sessionShard) repin(key uint64, pin *replicaState, now int64) {
 	e.pin.sessions.Add(-1)
 	pin.sessions.Add(1)
 	e.pin = pin
+	e.tokens = 0
 }
 
 func (s *sessionShard) remove(e *session) {

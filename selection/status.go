@@ -7,6 +7,7 @@ import "time"
 type Status struct {
 	Model              string
 	Affinity           bool
+	Rule               string
 	SpillThreshold     int
 	SpillThresholdAuto bool
 	MaxNumSeqs         int
@@ -33,6 +34,7 @@ type ReplicaStatus struct {
 	Sticky         uint64
 	Placed         uint64
 	Replaced       uint64
+	Moved          uint64
 	SpilledIn      uint64
 	ClientPinned   uint64
 	Unpinned       uint64
@@ -46,6 +48,7 @@ func (r *Router) Status() Status {
 	st := Status{
 		Model:              r.model,
 		Affinity:           r.Affinity(),
+		Rule:               r.Rule(),
 		SpillThreshold:     threshold,
 		SpillThresholdAuto: auto,
 		MaxNumSeqs:         int(r.maxNumSeqs.Load()),
@@ -66,6 +69,7 @@ func (r *Router) Status() Status {
 			Sticky:         s.sticky.Load(),
 			Placed:         s.placed.Load(),
 			Replaced:       s.replaced.Load(),
+			Moved:          s.moved.Load(),
 			SpilledIn:      s.spilledIn.Load(),
 			ClientPinned:   s.clientPinned.Load(),
 			Unpinned:       s.unpinned.Load(),

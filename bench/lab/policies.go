@@ -12,8 +12,10 @@ import (
 // policyFactories are the rules the lab can run, by name. New rules (issue 8)
 // join here.
 var policyFactories = map[string]PolicyFactory{
-	PolicyWarden:     newRouterPolicy(true),
-	PolicyOff:        newRouterPolicy(false),
+	PolicyWarden:     newRouterPolicy(true, ""), // the router's default rule
+	PolicySeed:       newRouterPolicy(true, selection.RuleSeed),
+	PolicyCacheFit:   newRouterPolicy(true, selection.RuleCacheFit),
+	PolicyOff:        newRouterPolicy(false, ""),
 	PolicyVLLM:       newVLLMPolicy(dplb.V026Dense),
 	PolicyVLLMv026:   newVLLMPolicy(dplb.V026),
 	PolicyVLLMv027:   newVLLMPolicy(dplb.V027),
@@ -30,7 +32,7 @@ type routerPolicy struct {
 	index  map[string]int
 }
 
-func newRouterPolicy(affinity bool) PolicyFactory {
+func newRouterPolicy(affinity bool, rule string) PolicyFactory {
 	return func(env *Env) (Policy, error) {
 		cfg := env.Config()
 		replicas := make([]selection.Replica, env.Engines())
@@ -44,15 +46,18 @@ func newRouterPolicy(affinity bool) PolicyFactory {
 			MaxNumSeqs:     cfg.Profile.MaxNumSeqs,
 			SpillThreshold: cfg.SpillThreshold,
 			Affinity:       affinity,
+			Rule:           rule,
 		}, replicas, virtualTime(env.fleet.clock))
 		for _, r := range replicas {
 			router.SetHealthy(r.ID, true)
 		}
+		capacity := float64(cfg.Profile.KVCapacityTokens()) // from vllm:cache_config_info
 		env.Every(cfg.MetricsInterval, func(time.Duration) {
 			for i, r := range replicas {
 				st := env.Stats(i)
 				router.SetLoad(r.ID, selection.Load{
-					Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage, Known: true,
+					Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
+					KVCapacityTokens: capacity, Known: true,
 				})
 			}
 		})
@@ -62,8 +67,8 @@ func newRouterPolicy(affinity bool) PolicyFactory {
 	}
 }
 
-func (p *routerPolicy) Pick(key string, now time.Duration) (int, func()) {
-	d := p.router.Pick(selection.Request{Key: key, Now: virtualTime(now)})
+func (p *routerPolicy) Pick(a Arrival) (int, func()) {
+	d := p.router.Pick(selection.Request{Key: a.Key, PromptBytes: a.PromptBytes, Now: virtualTime(a.Now)})
 	rep, ok := d.Replica()
 	if !ok {
 		return -1, nil
@@ -98,7 +103,7 @@ func newVLLMPolicy(mode dplb.Mode) PolicyFactory {
 	}
 }
 
-func (p *vllmPolicy) Pick(string, time.Duration) (int, func()) {
+func (p *vllmPolicy) Pick(Arrival) (int, func()) {
 	rank := p.balancer.Choose()
 	return rank, func() { p.balancer.Done(rank) }
 }
@@ -118,11 +123,11 @@ func newHeaderPolicy(env *Env) (Policy, error) {
 	return p, nil
 }
 
-func (p *headerPolicy) Pick(key string, _ time.Duration) (int, func()) {
+func (p *headerPolicy) Pick(a Arrival) (int, func()) {
 	best := -1
 	var highest uint64
 	for i, addr := range p.addresses {
-		if h := xxhash.Sum64String(addr + key); h > highest {
+		if h := xxhash.Sum64String(addr + a.Key); h > highest {
 			best, highest = i, h
 		}
 	}
@@ -140,7 +145,7 @@ func newLeastConnPolicy(env *Env) (Policy, error) {
 	return &leastConnPolicy{env: env, inFlight: make([]int, env.Engines())}, nil
 }
 
-func (p *leastConnPolicy) Pick(string, time.Duration) (int, func()) {
+func (p *leastConnPolicy) Pick(Arrival) (int, func()) {
 	best, ties := -1, 0
 	for i, n := range p.inFlight {
 		switch {
@@ -168,7 +173,7 @@ func newRoundRobinPolicy(env *Env) (Policy, error) {
 	return &roundRobinPolicy{engines: env.Engines()}, nil
 }
 
-func (p *roundRobinPolicy) Pick(string, time.Duration) (int, func()) {
+func (p *roundRobinPolicy) Pick(Arrival) (int, func()) {
 	p.robin++
 	return p.robin % p.engines, func() {}
 }

@@ -42,7 +42,7 @@ func TestHeaderPolicyChoosesAsCaddy(t *testing.T) {
 		req := httptest.NewRequest("POST", "/v1/messages", nil)
 		req.Header.Set(agentload.DefaultSessionHeader, key)
 		want := caddy.Select(pool, req, nil)
-		got, release := policy.Pick(key, 0)
+		got, release := policy.Pick(Arrival{Key: key})
 		release()
 		if pool[got] != want {
 			t.Fatalf("key %s: lab chose %s, Caddy %s", key, pool[got].Dial, want.Dial)
@@ -60,7 +60,7 @@ func TestRoundRobinPolicyChoosesAsCaddy(t *testing.T) {
 	pool := caddyPool(env)
 	var caddy reverseproxy.RoundRobinSelection
 	for i := range 10 {
-		got, _ := policy.Pick("", 0)
+		got, _ := policy.Pick(Arrival{})
 		if want := caddy.Select(pool, nil, nil); pool[got] != want {
 			t.Fatalf("pick %d: lab chose %s, Caddy %s", i, pool[got].Dial, want.Dial)
 		}
@@ -74,7 +74,7 @@ func TestLeastConnPicksTheFewestInFlight(t *testing.T) {
 	counts := make([]int, 4)
 	// Eight requests in flight spread two per engine.
 	for range 8 {
-		eng, release := policy.Pick("", 0)
+		eng, release := policy.Pick(Arrival{})
 		counts[eng]++
 		releases = append(releases, release)
 	}
@@ -88,7 +88,7 @@ func TestLeastConnPicksTheFewestInFlight(t *testing.T) {
 	// Now two engines have one request fewer; new requests go there first.
 	lighter := map[int]bool{}
 	for range 2 {
-		eng, _ := policy.Pick("", 0)
+		eng, _ := policy.Pick(Arrival{})
 		if counts[eng] != 2 {
 			t.Fatalf("counts %v: chose engine %d", counts, eng)
 		}
@@ -97,7 +97,7 @@ func TestLeastConnPicksTheFewestInFlight(t *testing.T) {
 	// Ties are broken at random, not always by the first engine.
 	seen := map[int]bool{}
 	for range 64 {
-		eng, release := policy.Pick("", 0)
+		eng, release := policy.Pick(Arrival{})
 		release()
 		seen[eng] = true
 	}
@@ -132,7 +132,7 @@ func TestWardenSeesLoadOnlyAtPolls(t *testing.T) {
 	}
 	onOne := external(1)
 	poll.fn(0)
-	if a, _ := policy.Pick("a", 0); a != 0 {
+	if a, _ := policy.Pick(Arrival{Key: "a"}); a != 0 {
 		t.Fatalf("engine 1 reported 5 waiting requests, yet conversation a went to %d", a)
 	}
 	// The external load moves to engine 0 between two polls: the router
@@ -141,11 +141,11 @@ func TestWardenSeesLoadOnlyAtPolls(t *testing.T) {
 		env.fleet.engines[1].Abort(r)
 	}
 	external(0)
-	if b, _ := policy.Pick("b", 0); b != 0 {
+	if b, _ := policy.Pick(Arrival{Key: "b"}); b != 0 {
 		t.Fatalf("before the next poll conversation b went to %d, want the stale choice 0", b)
 	}
 	poll.fn(time.Second)
-	if c, _ := policy.Pick("c", time.Second); c != 1 {
+	if c, _ := policy.Pick(Arrival{Key: "c", Now: time.Second}); c != 1 {
 		t.Fatalf("after the poll conversation c went to %d, want 1", c)
 	}
 }

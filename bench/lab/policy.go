@@ -9,13 +9,22 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 )
 
+// Arrival is what a proxy knows of a request when it picks its upstream.
+type Arrival struct {
+	// Key is the session header's value.
+	Key string
+	// PromptBytes is the request body's size (its Content-Length).
+	PromptBytes int64
+	// Now is the arrival's virtual time.
+	Now time.Duration
+}
+
 // Policy routes requests to engines, as a proxy in front of them would.
 type Policy interface {
-	// Pick chooses the engine for a request of the session named key (the
-	// session header's value) arriving at now. It returns -1 when no engine
+	// Pick chooses the engine for a request. It returns -1 when no engine
 	// can take it; otherwise release is called once when the request ends,
 	// however it ends.
-	Pick(key string, now time.Duration) (engine int, release func())
+	Pick(a Arrival) (engine int, release func())
 }
 
 // PolicyFactory builds a policy over env's engines. It may register periodic
@@ -66,6 +75,8 @@ func (e *Env) Every(interval time.Duration, fn func(now time.Duration)) {
 // Policy names of DESIGN §4, plus vLLM balancer variants.
 const (
 	PolicyWarden     = "warden"
+	PolicySeed       = "seed"
+	PolicyCacheFit   = "cachefit"
 	PolicyOff        = "off"
 	PolicyVLLM       = "vllm"
 	PolicyVLLMv026   = "vllm-v026"

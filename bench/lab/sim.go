@@ -259,7 +259,7 @@ func (s *sim) send(slotIndex int) {
 		},
 	}
 	s.routed++
-	eng, release := s.policy.Pick(sl.session.ID, s.now)
+	eng, release := s.policy.Pick(Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now})
 	if eng < 0 {
 		s.fail(r, 502, errors.New("no replica available"))
 		return
@@ -399,6 +399,17 @@ func (s *sim) sampleBusy() {
 	}
 	s.busyTotal += busy
 	s.busySamples++
+}
+
+// bodyBytes approximates the Content-Length of the turn's Anthropic request:
+// its texts plus the JSON around them.
+func bodyBytes(turn agentload.Turn) int64 {
+	const envelope, perMessage = 256, 32
+	n := envelope + len(turn.System)
+	for _, m := range turn.Messages {
+		n += perMessage + len(m.Content)
+	}
+	return int64(n)
 }
 
 // replySeed picks the engine's reply for a turn. The simulator's server seeds
