@@ -64,7 +64,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.spill, "spill-threshold", 0, "warden spill threshold (0: auto, max_num_seqs/4)")
 	fs.DurationVar(&c.metricsIv, "metrics-interval", c.metricsIv, "how often warden polls the replicas' metrics")
 	c.workload.RegisterFlags(fs)
-	registerProfileFlags(fs, &c.profile)
+	c.profile.RegisterFlags(fs)
 }
 
 // seedList is --seeds if given, else --seed.
@@ -73,24 +73,6 @@ func (c *common) seedList() []int64 {
 		return c.seeds
 	}
 	return []int64{c.seed}
-}
-
-// registerProfileFlags exposes every number of the engine profile, with the
-// chosen profile's values as defaults (the same names as vllmsim's flags).
-func registerProfileFlags(fs *flag.FlagSet, p *engine.Profile) {
-	fs.StringVar(&p.Name, "profile", p.Name, "engine profile; the flags below override its numbers")
-	fs.IntVar(&p.MaxNumSeqs, "max-num-seqs", p.MaxNumSeqs, "most requests running at once per engine")
-	fs.IntVar(&p.MaxNumBatchedTokens, "max-num-batched-tokens", p.MaxNumBatchedTokens, "token budget of one engine step")
-	fs.IntVar(&p.NumGPUBlocks, "num-gpu-blocks", p.NumGPUBlocks, "KV cache blocks per engine")
-	fs.IntVar(&p.BlockSize, "block-size", p.BlockSize, "tokens per KV cache block")
-	fs.IntVar(&p.MaxModelLen, "max-model-len", p.MaxModelLen, "most prompt plus output tokens of one request")
-	fs.BoolVar(&p.ReserveFullPrompt, "scheduler-reserve-full-isl", p.ReserveFullPrompt, "admit a request only when its whole prompt fits in the KV cache")
-	fs.DurationVar(&p.StepOverhead, "step-overhead", p.StepOverhead, "fixed cost of every engine step")
-	fs.DurationVar(&p.PrefillTokenCost, "prefill-token-cost", p.PrefillTokenCost, "compute cost of each prompt token")
-	fs.Float64Var(&p.WeightsBytes, "weights-bytes", p.WeightsBytes, "bytes of weights read every step")
-	fs.Float64Var(&p.KVBytesPerToken, "kv-bytes-per-token", p.KVBytesPerToken, "KV cache bytes per token, read every step for each context token")
-	fs.Float64Var(&p.MemBandwidth, "mem-bandwidth", p.MemBandwidth, "GPU memory bandwidth in bytes/s")
-	fs.Float64Var(&p.MemEfficiency, "mem-efficiency", p.MemEfficiency, "share of the bandwidth a step achieves")
 }
 
 // profileName finds --profile in args before parsing, since the profile

@@ -5,11 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 
 	"github.com/lmwarden/caddy-warden/bench/e2e"
 	"github.com/lmwarden/caddy-warden/bench/report"
-	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 )
 
 // runOptions is what the end-to-end runner needs: the common flags plus the
@@ -77,7 +75,7 @@ func endToEndAndPresent(ctx context.Context, opts runOptions, stdout, stderr io.
 			Seed:       uint64(seed),
 			Workload:   workload,
 			Fresh:      opts.Fresh,
-			SimArgs:    profileArgs(opts.profile),
+			SimArgs:    opts.profile.Args(),
 			WorkDir:    opts.OutDir,
 			Progress: func(_ string, _ int, done bool) {
 				if done {
@@ -93,22 +91,4 @@ func endToEndAndPresent(ctx context.Context, opts runOptions, stdout, stderr io.
 	}
 	bar.Finish()
 	return present(opts.common, rows, stdout)
-}
-
-// profileArgs passes the engine profile to vllmsim as flags.
-func profileArgs(p engine.Profile) []string {
-	return []string{
-		"--profile", p.Name,
-		"--max-num-batched-tokens", strconv.Itoa(p.MaxNumBatchedTokens),
-		"--num-gpu-blocks", strconv.Itoa(p.NumGPUBlocks),
-		"--block-size", strconv.Itoa(p.BlockSize),
-		"--max-model-len", strconv.Itoa(p.MaxModelLen),
-		"--scheduler-reserve-full-isl=" + strconv.FormatBool(p.ReserveFullPrompt),
-		"--step-overhead", p.StepOverhead.String(),
-		"--prefill-token-cost", p.PrefillTokenCost.String(),
-		"--weights-bytes", strconv.FormatFloat(p.WeightsBytes, 'g', -1, 64),
-		"--kv-bytes-per-token", strconv.FormatFloat(p.KVBytesPerToken, 'g', -1, 64),
-		"--mem-bandwidth", strconv.FormatFloat(p.MemBandwidth, 'g', -1, 64),
-		"--mem-efficiency", strconv.FormatFloat(p.MemEfficiency, 'g', -1, 64),
-	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"flag"
 	"fmt"
 	"time"
 )
@@ -101,4 +102,32 @@ func (p Profile) Validate() error {
 		return fmt.Errorf("step costs must not be negative")
 	}
 	return nil
+}
+
+// RegisterFlags exposes every number of the profile as a flag, with p's
+// values as defaults; vllmsim and wardenbench share these names.
+func (p *Profile) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&p.Name, "profile", p.Name, "engine profile; the flags below override its numbers")
+	fs.IntVar(&p.MaxNumSeqs, "max-num-seqs", p.MaxNumSeqs, "most requests running at once per engine")
+	fs.IntVar(&p.MaxNumBatchedTokens, "max-num-batched-tokens", p.MaxNumBatchedTokens, "token budget of one step")
+	fs.IntVar(&p.NumGPUBlocks, "num-gpu-blocks", p.NumGPUBlocks, "KV cache blocks per engine")
+	fs.IntVar(&p.BlockSize, "block-size", p.BlockSize, "tokens per KV cache block")
+	fs.IntVar(&p.MaxModelLen, "max-model-len", p.MaxModelLen, "most prompt plus output tokens of one request")
+	fs.Float64Var(&p.GPUMemoryUtilization, "gpu-memory-utilization", p.GPUMemoryUtilization, "reported in cache_config_info only")
+	fs.BoolVar(&p.ReserveFullPrompt, "scheduler-reserve-full-isl", p.ReserveFullPrompt, "admit a request only when its whole prompt fits in the KV cache")
+	fs.DurationVar(&p.StepOverhead, "step-overhead", p.StepOverhead, "fixed cost of every engine step")
+	fs.DurationVar(&p.PrefillTokenCost, "prefill-token-cost", p.PrefillTokenCost, "compute cost of each prompt token")
+	fs.Float64Var(&p.WeightsBytes, "weights-bytes", p.WeightsBytes, "bytes of weights read every step")
+	fs.Float64Var(&p.KVBytesPerToken, "kv-bytes-per-token", p.KVBytesPerToken, "KV cache bytes per token, read every step for each context token")
+	fs.Float64Var(&p.MemBandwidth, "mem-bandwidth", p.MemBandwidth, "GPU memory bandwidth in bytes/s")
+	fs.Float64Var(&p.MemEfficiency, "mem-efficiency", p.MemEfficiency, "share of the bandwidth a step achieves")
+}
+
+// Args are the flags that give another process (vllmsim) this profile.
+func (p Profile) Args() []string {
+	var args []string
+	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
+	p.RegisterFlags(fs)
+	fs.VisitAll(func(f *flag.Flag) { args = append(args, "--"+f.Name+"="+f.Value.String()) })
+	return args
 }
