@@ -1,8 +1,12 @@
 package hitbound
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
-func seq(from, n int) []uint32 {
+// tokens returns n distinct tokens starting at from.
+func tokens(from, n int) []uint32 {
 	out := make([]uint32, n)
 	for i := range out {
 		out[i] = uint32(from + i)
@@ -10,35 +14,49 @@ func seq(from, n int) []uint32 {
 	return out
 }
 
-func TestBoundOnCraftedStream(t *testing.T) {
-	b := New(4)
-	system := seq(0, 8) // two blocks shared by everyone
-	a := append(append([]uint32{}, system...), seq(100, 6)...)
-	if hit, _ := b.Arrive(a); hit != 0 {
-		t.Fatalf("first request hit %d", hit)
-	}
-	other := append(append([]uint32{}, system...), seq(200, 6)...)
-	if hit, _ := b.Arrive(other); hit != 8 {
-		t.Fatalf("second conversation hit %d, want the 8 system tokens", hit)
-	}
-	// a's next turn resends a (14 tokens) + its 5-token reply + 3 new tokens.
-	hitA, chainA := b.Arrive(a) // the identical prompt again
-	if hitA != 12 {
-		t.Fatalf("repeated 14-token prompt hit %d, want its 3 full blocks", hitA)
-	}
-	reply := seq(300, 5)
-	b.Finish(chainA, a, reply)
-	next := append(append(append([]uint32{}, a...), reply...), seq(400, 3)...) // 22 tokens
-	if hit, _ := b.Arrive(next); hit != 16 {
-		t.Fatalf("next turn hit %d, want 16: prompt and reply but the last reply token", hit)
-	}
-}
+func TestBoundOnACraftedStream(t *testing.T) {
+	const bs = 4
+	b := New(bs)
+	system := tokens(1000, 8) // two full blocks shared by every conversation
 
-func TestLastPromptTokenIsNeverAHit(t *testing.T) {
-	b := New(4)
-	p := seq(0, 8)
-	b.Arrive(p)
-	if hit, _ := b.Arrive(p); hit != 4 {
-		t.Fatalf("8-token prompt seen before hit %d, want 4 (its last token is computed)", hit)
+	first := append(slices.Clone(system), tokens(1, 6)...) // 14 tokens: 3 full blocks
+	if hit, _ := b.Arrive(first); hit != 0 {
+		t.Fatalf("first request: bound hit %d, want 0", hit)
+	}
+
+	other := append(slices.Clone(system), tokens(500, 9)...) // shares the system prompt only
+	if hit, _ := b.Arrive(other); hit != 8 {
+		t.Fatalf("second conversation: bound hit %d, want the 8 system tokens", hit)
+	}
+
+	// A prompt identical to a seen one leaves its last token to compute:
+	// 14 tokens hold 3 full blocks, and (14-1)/4 = 3 may hit.
+	if hit, _ := b.Arrive(first); hit != 12 {
+		t.Fatalf("repeat: bound hit %d, want 12", hit)
+	}
+	exact := system[:8]
+	if hit, _ := b.Arrive(exact); hit != 4 {
+		t.Fatalf("a prompt of exactly two seen blocks: bound hit %d, want 4 ((8-1)/4 blocks)", hit)
+	}
+
+	// The first request finishes with 7 output tokens; its next turn resends
+	// prompt + output and adds 5 tokens. Computed: the 14 prompt tokens and
+	// the first 6 output tokens = 20 tokens = 5 full blocks.
+	prompt := append(slices.Clone(system), tokens(1, 6)...)
+	hit, c := b.Arrive(prompt)
+	if hit != 12 || c.tokens != 12 {
+		t.Fatalf("resent prompt: hit %d, chain covers %d tokens; want 12, 12", hit, c.tokens)
+	}
+	output := tokens(2000, 7)
+	b.Finish(c, prompt, output)
+	next := slices.Concat(prompt, output, tokens(3000, 5)) // 26 tokens
+	if hit, _ := b.Arrive(next); hit != 20 {
+		t.Fatalf("next turn: bound hit %d, want 20 (the last output token is never computed)", hit)
+	}
+
+	// A divergent block stops the run even if later blocks were seen.
+	divergent := slices.Concat(system[:4], tokens(9000, 4), system[4:], tokens(1, 6))
+	if hit, _ := b.Arrive(divergent); hit != 4 {
+		t.Fatalf("divergent prompt: bound hit %d, want 4", hit)
 	}
 }

@@ -149,3 +149,12 @@ func TestWardenSeesLoadOnlyAtPolls(t *testing.T) {
 		t.Fatalf("after the poll conversation c went to %d, want 1", c)
 	}
 }
+
+// tokens returns n distinct tokens starting at from.
+func tokens(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}

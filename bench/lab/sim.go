@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"github.com/lmwarden/caddy-warden/bench/hitbound"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
@@ -35,12 +36,12 @@ const (
 type fleet struct {
 	engines   []*engine.Engine
 	addresses []string
-	bound     *hitBound
+	bound     *hitbound.Bound
 	clock     time.Duration // virtual time reached; the next run starts here
 }
 
 func newFleet(cfg Config) (*fleet, error) {
-	f := &fleet{bound: newHitBound(cfg.Profile.BlockSize)}
+	f := &fleet{bound: hitbound.New(cfg.Profile.BlockSize)}
 	for i := range cfg.Replicas {
 		e, err := engine.New(cfg.Profile)
 		if err != nil {
@@ -116,8 +117,8 @@ type request struct {
 	release  func()
 	session  *agentload.Session
 	req      *engine.Request
-	chain    chain // the prompt's block hashes, for the hit bound
-	boundHit int   // the hit bound's tokens for this prompt
+	chain    hitbound.Chain // the prompt's block hashes, for the hit bound
+	boundHit int            // the hit bound's tokens for this prompt
 	// warmup is set for a request the engine admitted before the measured
 	// window: the engines' counters of the window do not include it.
 	warmup bool
@@ -271,7 +272,7 @@ func (s *sim) send(slotIndex int) {
 		return
 	}
 	r.result.Engine = s.fleet.addresses[eng]
-	r.boundHit, r.chain = s.fleet.bound.arrive(prompt)
+	r.boundHit, r.chain = s.fleet.bound.Arrive(prompt)
 	sl.current = r
 	s.byRequest[r.req] = r
 	if !s.stepping[eng] {
@@ -325,7 +326,7 @@ func (s *sim) finish(r *request) {
 	r.result.End, r.result.Status = virtualTime(s.now), 200
 	r.result.OutputTokens, r.result.CachedTokens = r.received-r.early, r.req.CachedTokens
 	s.results = append(s.results, r.result)
-	s.fleet.bound.finish(r.chain, r.req.Prompt, output)
+	s.fleet.bound.Finish(r.chain, r.req.Prompt, output)
 	s.countBound(r)
 	r.session.Reply(tokenizer.Text(output))
 	s.send(r.slot)

@@ -30,7 +30,7 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := lab.DefaultConfig()
 	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
-	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warm = c.metricsIv, c.spill, *warm
+	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warm, cfg.Warmup = c.metricsIv, c.spill, *warm, c.warmup
 	plan := lab.Plan{Policies: c.policies, Levels: c.levels, Seeds: c.seedList()}
 
 	bar := newProgress(stderr, plan.Runs(), "lab")
@@ -40,8 +40,8 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "lab: %d replicas of %s, %v per level, seeds %v, %s fleet per run\n\n",
-		cfg.Replicas, cfg.Profile.Name, cfg.Duration, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
+	fmt.Fprintf(stdout, "lab: %d replicas of %s, %v warm-up then %v measured per level, seeds %v, %s fleet per run\n\n",
+		cfg.Replicas, cfg.Profile.Name, cfg.Warmup, cfg.Duration, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
 	if err := present(c, rows, stdout); err != nil {
 		return err
 	}
