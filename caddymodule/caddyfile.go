@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func init() {
@@ -31,6 +33,7 @@ func init() {
 //			max_num_seqs <n>
 //			spill_threshold auto|<n>
 //			affinity on|off
+//			rule seed|cachefit
 //			session_headers <header>...
 //			session_from_body [on|off]
 //			body_scan_bytes <n>
@@ -107,6 +110,13 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			var on bool
 			on, err = onOff(d)
 			m.Affinity = &on
+		case "rule":
+			if !d.Args(&m.Rule) {
+				return nil, d.Err("rule: expected seed or cachefit")
+			}
+			if err := selection.CheckRule(m.Rule); err != nil {
+				return nil, d.Errf("rule: %v", err)
+			}
 		case "session_headers":
 			m.SessionHeaders = d.RemainingArgs()
 			if len(m.SessionHeaders) == 0 {

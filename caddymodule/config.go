@@ -31,6 +31,9 @@ type ModelConfig struct {
 	SpillThreshold int `json:"spill_threshold,omitempty"`
 	// Affinity pins conversations to replicas (default true).
 	Affinity *bool `json:"affinity,omitempty"`
+	// Rule is the placement rule: "seed" (default) or the experimental
+	// "cachefit"; see docs/policy.md.
+	Rule string `json:"rule,omitempty"`
 
 	// SessionHeaders name the conversation, first present wins.
 	SessionHeaders []string `json:"session_headers,omitempty"`
@@ -110,6 +113,11 @@ func (c *ModelConfig) validate(name string) error {
 		return fmt.Errorf("model %q: server %s needs ranks >= 1", name, c.Server.Address)
 	case c.MaxNumSeqs < 0, c.SpillThreshold < 0, c.MaxSessions < 0, c.BodyScanBytes < 0:
 		return fmt.Errorf("model %q: max_num_seqs, spill_threshold, max_sessions and body_scan_bytes must not be negative", name)
+	case c.MaxSessions > 0 && c.MaxSessions < selection.MinMaxSessions:
+		return fmt.Errorf("model %q: max_sessions must be at least %d", name, selection.MinMaxSessions)
+	}
+	if err := selection.CheckRule(c.Rule); err != nil {
+		return fmt.Errorf("model %q: %v", name, err)
 	}
 	seen := map[string]bool{}
 	for _, a := range c.addresses() {
@@ -165,6 +173,7 @@ func (c *ModelConfig) routerConfig() selection.Config {
 		MaxNumSeqs:     c.MaxNumSeqs,
 		SpillThreshold: c.SpillThreshold,
 		Affinity:       c.Affinity == nil || *c.Affinity,
+		Rule:           c.Rule,
 		SessionTTL:     time.Duration(c.SessionTTL),
 		ActiveWindow:   time.Duration(c.ActiveWindow),
 		MaxSessions:    c.MaxSessions,

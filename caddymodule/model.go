@@ -239,6 +239,7 @@ func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
 		l.Running += float64(e.Running)
 		l.Waiting += float64(e.Waiting)
 		l.KVUsage += e.KVUsage
+		l.KVCapacityTokens += float64(e.BlockSize * e.NumGPUBlocks)
 		engines++
 	}
 	if engines == 0 {

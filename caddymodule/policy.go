@@ -124,6 +124,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 	}
 	req := selection.Request{
 		Key:           held.key,
+		PromptBytes:   r.ContentLength,
 		ClientReplica: clientReplica(r, cfg),
 		Usable:        func(addr string) bool { u := upstreamFor(pool, addr); return u != nil && u.Available() },
 		Now:           time.Now(),

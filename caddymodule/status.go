@@ -14,6 +14,7 @@ type ModelStatus struct {
 	Model              string          `json:"model"`
 	Mode               string          `json:"mode"` // "replicas" or "ranks"
 	Affinity           bool            `json:"affinity"`
+	Rule               string          `json:"rule"`
 	SpillThreshold     int             `json:"spill_threshold"`
 	SpillThresholdAuto bool            `json:"spill_threshold_auto"`
 	MaxNumSeqs         int             `json:"max_num_seqs"`
@@ -42,6 +43,7 @@ type ReplicaStatus struct {
 	Placed         uint64  `json:"placed"`
 	Replaced       uint64  `json:"replaced"`
 	Unpinned       uint64  `json:"unpinned"`
+	Moved          uint64  `json:"moved"`
 	Running        float64 `json:"running"`
 	Waiting        float64 `json:"waiting"`
 	KVUsed         float64 `json:"kv_used"`
@@ -63,6 +65,7 @@ func (m *model) status(now time.Time) ModelStatus {
 		Model:              st.Model,
 		Mode:               "replicas",
 		Affinity:           st.Affinity,
+		Rule:               st.Rule,
 		SpillThreshold:     st.SpillThreshold,
 		SpillThresholdAuto: st.SpillThresholdAuto,
 		MaxNumSeqs:         st.MaxNumSeqs,
@@ -92,6 +95,7 @@ func (m *model) status(now time.Time) ModelStatus {
 			Placed:         rs.Placed,
 			Replaced:       rs.Replaced,
 			Unpinned:       rs.Unpinned,
+			Moved:          rs.Moved,
 			Running:        rs.Load.Running,
 			Waiting:        rs.Load.Waiting,
 			KVUsed:         rs.Load.KVUsage,

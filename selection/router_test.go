@@ -364,3 +364,13 @@ func TestOwnFinishedRequestsDoNotLingerInLoad(t *testing.T) {
 		t.Fatalf("finished requests still counted as load: both went to %v", seen)
 	}
 }
+
+func TestSessionTableHoldsExactlyMaxSessions(t *testing.T) {
+	r := newTestRouter(2, Config{MaxSessions: 100})
+	for c := range 5000 {
+		pick(t, r, fmt.Sprintf("c%d", c)).Release()
+	}
+	if st := r.Status(); st.Sessions != 100 || st.Evicted != 4900 {
+		t.Fatalf("sessions %d, evicted %d; want exactly 100 kept", st.Sessions, st.Evicted)
+	}
+}

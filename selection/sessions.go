@@ -9,6 +9,9 @@ import (
 // concurrent requests of different conversations rarely contend.
 const sessionShards = 64
 
+// MinMaxSessions is the smallest session table: one conversation per shard.
+const MinMaxSessions = sessionShards
+
 // session is one pinned conversation. Entries form a per-shard list ordered by
 // last use (most recent first), which gives LRU eviction, TTL expiry and the
 // "active conversation" window with pointer moves only.
@@ -55,11 +58,15 @@ func newSessionTable(maxSessions int) *sessionTable {
 
 // setCapacity bounds the table; shrinking evicts on the next insert.
 func (t *sessionTable) setCapacity(maxSessions int) {
-	perShard := max(1, (maxSessions+sessionShards-1)/sessionShards)
+	maxSessions = max(maxSessions, MinMaxSessions)
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		s.capacity = perShard
+		// The shards' capacities add up to exactly maxSessions.
+		s.capacity = maxSessions / sessionShards
+		if i < maxSessions%sessionShards {
+			s.capacity++
+		}
 		s.mu.Unlock()
 	}
 }
