@@ -181,3 +181,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "header carrying the session ID (empty: none)")
 	fs.StringVar((*string)(&c.API), "api", string(c.API), "wire protocol: anthropic or openai")
 }
+
+// LevelSeed is the workload seed of one concurrency level of a benchmark
+// seeded with seed: each level draws its own sessions, so that a level
+// never finds the previous level's conversations in a warm cache, while
+// every policy measured at that level gets the same ones.
+func LevelSeed(seed int64, sessions int) int64 {
+	return seed*1_000_003 + int64(sessions)
+}

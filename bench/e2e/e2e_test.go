@@ -9,8 +9,9 @@ import (
 )
 
 // A short run through the whole real path: vllmsim processes, Caddy from
-// cmd/caddy, the agent workload over HTTP, a policy switch without
-// restarting the replicas.
+// cmd/caddy, the agent workload over HTTP, a policy switch with fresh
+// replicas (so that each series starts cold and its hits stay under the
+// level's own bound).
 func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy and the simulator")
@@ -31,6 +32,7 @@ func TestShortRun(t *testing.T) {
 		Seed:       1,
 		Workload:   w,
 		WorkDir:    t.TempDir(),
+		Fresh:      true,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -106,9 +106,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	}
 	var rows []report.Row
 	var sims []*Sim
-	// bound remembers every prompt the current replicas have seen: a warm
-	// fleet can hit on an earlier level's prompts, and so can the ideal cache.
-	var bound *boundRecorder
+
 	defer func() { StopSims(sims) }()
 	var caddy *caddyproc.Process
 	defer func() {
@@ -122,7 +120,6 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			if sims, err = StartSims(ctx, simBin, o); err != nil {
 				return rows, err
 			}
-			bound = newBoundRecorder(o.Workload.SessionHeader, o.BlockSize)
 			if caddy != nil {
 				caddy.Stop()
 				caddy = nil
@@ -153,7 +150,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			if o.Progress != nil {
 				o.Progress(policy, n, false)
 			}
-			row, err := runLevel(ctx, o, policy, n, "http://"+site, sims, bound)
+			row, err := runLevel(ctx, o, policy, n, "http://"+site, sims)
 			if err != nil {
 				return rows, fmt.Errorf("%s at %d sessions: %v", policy, n, err)
 			}
@@ -240,9 +237,10 @@ func saveAdminJSON(caddy *caddyproc.Process, path string) error {
 }
 
 // runLevel runs one level, warm-up first, and measures it.
-func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim, bound *boundRecorder) (report.Row, error) {
+func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim) (report.Row, error) {
 	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / o.TimeScale) }
 	workload := o.Workload
+	workload.Seed = agentload.LevelSeed(o.Workload.Seed, sessions)
 	workload.ThinkTime = wall(workload.ThinkTime) // the pauses pass in simulated time too
 	gen, err := agentload.NewGenerator(workload)
 	if err != nil {
@@ -252,6 +250,9 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 	transport.Proxy = nil // loopback only
 	transport.MaxIdleConnsPerHost = sessions
 	defer transport.CloseIdleConnections()
+	// The bound is the level's own: the best hit rate on its request stream
+	// from a cold cache (each level draws its own sessions).
+	bound := newBoundRecorder(o.Workload.SessionHeader, o.BlockSize)
 	bound.measureFrom(time.Now().Add(time.Hour)) // nothing counts during the warm-up
 	runner := &agentload.Runner{
 		Generator: gen, BaseURL: base, Sessions: sessions, Duration: wall(o.Warmup + o.Duration),

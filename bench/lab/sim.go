@@ -164,7 +164,7 @@ type outcome struct {
 func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, error) {
 	cfg := env.Config()
 	wl := cfg.Workload
-	wl.Seed = seed
+	wl.Seed = agentload.LevelSeed(seed, sessions)
 	gen, err := agentload.NewGenerator(wl)
 	if err != nil {
 		return nil, err
