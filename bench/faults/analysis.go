@@ -1,0 +1,209 @@
+package faults
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// origin says which client sent a request.
+type origin uint8
+
+const (
+	fromAgent    origin = iota // a closed-loop agentload session
+	fromProbe                  // a long-lived probe conversation, one turn per metrics interval
+	fromNewcomer               // a one-turn conversation, one per metrics interval
+)
+
+// request is the client's record of one request through Caddy.
+type request struct {
+	conv   string
+	origin origin
+	start  time.Time
+	end    time.Time
+	// engine is the simulator's X-Vllmsim-Engine header ("r1/0"); empty
+	// when no response arrived.
+	engine string
+	status int
+	ok     bool   // a complete 200 stream
+	cut    bool   // ended by the end of the run: neither success nor failure
+	err    string // why it failed
+}
+
+func (r request) failed() bool { return !r.ok && !r.cut }
+
+// streaming reports whether the response had started: such a request cannot
+// be retried by the proxy once its replica dies.
+func (r request) streaming() bool { return r.status == 200 && r.engine != "" }
+
+// server is the simulator that served the request ("r1"), or "".
+func (r request) server() string { return serverOf(r.engine) }
+
+func serverOf(engine string) string {
+	s, _, _ := strings.Cut(engine, "/")
+	return s
+}
+
+// window is a span of wall time, [from, to).
+type window struct{ from, to time.Time }
+
+func (w window) contains(t time.Time) bool { return !t.Before(w.from) && t.Before(w.to) }
+
+func (w window) overlaps(from, to time.Time) bool { return from.Before(w.to) && to.After(w.from) }
+
+// traffic counts the requests that ended in a window.
+type traffic struct {
+	sent, failed int
+	// cutStreaming are failures of requests that were already streaming
+	// from the faulted server when it failed (start before faultAt).
+	cutStreaming int
+	// errors counts the other failures by cause.
+	errors map[string]int
+}
+
+func countTraffic(reqs []request, w window, faulted string, faultAt time.Time) traffic {
+	var t traffic
+	for _, r := range reqs {
+		if !w.contains(r.end) || r.cut {
+			continue
+		}
+		t.sent++
+		if !r.failed() {
+			continue
+		}
+		t.failed++
+		if faulted != "" && r.streaming() && r.server() == faulted && r.start.Before(faultAt) {
+			t.cutStreaming++
+			continue
+		}
+		if t.errors == nil {
+			t.errors = map[string]int{}
+		}
+		t.errors[r.err]++
+	}
+	return t
+}
+
+// pinFault says which server failed and when: conversations pinned to it
+// may move once, by a request sent during the fault, without counting as a
+// lost pin.
+type pinFault struct {
+	server string
+	during window
+}
+
+// pins is what happened to conversations' pins in a window.
+type pins struct {
+	checked int // conversations with a known pin that were served in the window
+	lost    int // of those, served elsewhere without cause
+	moved   int // of those, moved once off the faulted server (expected)
+}
+
+// followPins walks every conversation's successful requests in order. A
+// conversation's pin is the server of its last success before the window
+// (or its first in the window). In the window, a request served elsewhere
+// is a lost pin, unless it is the conversation's first move off a faulted
+// server after the fault began. Requests overlapping an exempt window
+// (affinity off) are skipped: routing by load is their purpose.
+func followPins(reqs []request, w window, fault pinFault, exempt []window) pins {
+	byConv := map[string][]request{}
+	for _, r := range reqs {
+		if r.ok && r.end.Before(w.to) {
+			byConv[r.conv] = append(byConv[r.conv], r)
+		}
+	}
+	var p pins
+	for _, convReqs := range byConv {
+		slices.SortFunc(convReqs, func(a, b request) int { return a.start.Compare(b.start) })
+		pin, checked, lost, moved := "", false, false, false
+		for _, r := range convReqs {
+			if slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+				continue
+			}
+			server := r.server()
+			if !w.contains(r.start) || pin == "" {
+				pin = server
+				continue
+			}
+			checked = true
+			switch {
+			case server == pin:
+			case !moved && fault.server != "" && pin == fault.server && fault.during.contains(r.start):
+				moved, pin = true, server
+			default:
+				lost, pin = true, server
+			}
+		}
+		if checked {
+			p.checked++
+		}
+		if lost {
+			p.lost++
+		}
+		if moved && !lost {
+			p.moved++
+		}
+	}
+	return p
+}
+
+// pinnedAt lists the conversations of an origin whose last success before t
+// was served by server.
+func pinnedAt(reqs []request, t time.Time, server string, o origin) []string {
+	last := map[string]request{}
+	for _, r := range reqs {
+		if r.ok && r.origin == o && r.end.Before(t) && r.start.After(last[r.conv].start) {
+			last[r.conv] = r
+		}
+	}
+	var convs []string
+	for conv, r := range last {
+		if r.server() == server {
+			convs = append(convs, conv)
+		}
+	}
+	slices.Sort(convs)
+	return convs
+}
+
+// firstRequestsAfter returns, for each conversation, its first request that
+// started at or after t (if any).
+func firstRequestsAfter(reqs []request, t time.Time, convs []string) map[string]request {
+	out := map[string]request{}
+	for _, r := range reqs {
+		if !slices.Contains(convs, r.conv) || r.start.Before(t) {
+			continue
+		}
+		if first, seen := out[r.conv]; !seen || r.start.Before(first.start) {
+			out[r.conv] = r
+		}
+	}
+	return out
+}
+
+// newcomersOn counts the new conversations placed on server among those
+// that started in a window.
+func newcomersOn(reqs []request, w window, server string) (on, all int) {
+	for _, r := range reqs {
+		if r.origin != fromNewcomer || !r.ok || !w.contains(r.start) {
+			continue
+		}
+		all++
+		if r.server() == server {
+			on++
+		}
+	}
+	return on, all
+}
+
+// firstNewcomerOn is the start of the first new conversation served by
+// server that started at or after t.
+func firstNewcomerOn(reqs []request, t time.Time, server string) (time.Time, bool) {
+	var first time.Time
+	for _, r := range reqs {
+		if r.origin == fromNewcomer && r.ok && r.server() == server && !r.start.Before(t) && (first.IsZero() || r.start.Before(first)) {
+			first = r.start
+		}
+	}
+	return first, !first.IsZero()
+}

@@ -1,0 +1,208 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+)
+
+// maxNumSeqs is the simulators' and warden's max_num_seqs: auto spill
+// threshold 8.
+const maxNumSeqs = 32
+
+// retrySettings are the reverse_proxy retry options examples/Caddyfile.retries
+// recommends, in real time; a run divides the durations by its time scale.
+var retrySettings = struct {
+	retries        int
+	tryDuration    time.Duration
+	tryInterval    time.Duration
+	failDuration   time.Duration
+	requestBuffers string // lets a POST that reached a dying replica be sent again
+}{retries: 2, tryDuration: 5 * time.Second, tryInterval: 250 * time.Millisecond, failDuration: 10 * time.Second, requestBuffers: "4MB"}
+
+// caddyConfig writes the run's Caddyfile.
+type caddyConfig struct {
+	admin    string
+	site     string
+	replicas []string
+	scale    float64
+}
+
+// caddyfile is the config with a spill_threshold ("auto" or a number).
+// Warden's and Caddy's times are divided by the time scale, like the
+// simulators'.
+func (c caddyConfig) caddyfile(spill string) string {
+	scaled := func(d time.Duration) string { return time.Duration(float64(d) / c.scale).String() }
+	replicas := strings.Join(c.replicas, " ")
+	return fmt.Sprintf(`{
+	admin %s
+	warden {
+		model m {
+			replicas %s
+			max_num_seqs %d
+			spill_threshold %s
+			metrics_interval %s
+			active_window %s
+			session_ttl %s
+		}
+	}
+}
+http://%s {
+	reverse_proxy %s {
+		lb_policy warden m
+		lb_retries %d
+		lb_try_duration %s
+		lb_try_interval %s
+		fail_duration %s
+		lb_retry_match {
+			method POST
+		}
+		request_buffers %s
+		flush_interval -1
+	}
+}
+`, c.admin, replicas, maxNumSeqs, spill, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute),
+		c.site, replicas, retrySettings.retries, scaled(retrySettings.tryDuration), scaled(retrySettings.tryInterval),
+		scaled(retrySettings.failDuration), retrySettings.requestBuffers)
+}
+
+// modelStatus is the part of warden's admin JSON (GET /warden/models/m)
+// the run reads.
+type modelStatus struct {
+	Affinity       bool            `json:"affinity"`
+	SpillThreshold int             `json:"spill_threshold"`
+	Requests       uint64          `json:"requests"`
+	Since          time.Time       `json:"since"`
+	Replicas       []replicaStatus `json:"replicas"`
+}
+
+type replicaStatus struct {
+	ID        string `json:"id"`
+	Address   string `json:"address"`
+	Healthy   bool   `json:"healthy"`
+	Placed    uint64 `json:"placed"`
+	Replaced  uint64 `json:"replaced"`
+	SpilledIn uint64 `json:"spilled_in"`
+}
+
+func (st modelStatus) replica(address string) (replicaStatus, bool) {
+	for _, r := range st.Replicas {
+		if r.Address == address {
+			return r, true
+		}
+	}
+	return replicaStatus{}, false
+}
+
+func (st modelStatus) spills() (n uint64) {
+	for _, r := range st.Replicas {
+		n += r.SpilledIn
+	}
+	return n
+}
+
+// adminSample is the admin JSON at a moment.
+type adminSample struct {
+	at time.Time
+	st modelStatus
+}
+
+// adminWatch polls the admin JSON and checks that the counters continue:
+// requests never decrease and since never changes.
+type adminWatch struct {
+	caddy *caddyproc.Process
+
+	mu         sync.Mutex
+	samples    []adminSample
+	errors     []adminError
+	violations []adminError
+}
+
+// adminError is a failed poll or a broken counter, and when it happened.
+type adminError struct {
+	at  time.Time
+	err string
+}
+
+func (a *adminWatch) run(ctx context.Context, every time.Duration) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		a.poll()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (a *adminWatch) poll() {
+	var st modelStatus
+	err := a.caddy.Do(http.MethodGet, "/warden/models/m", nil, &st)
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		a.errors = append(a.errors, adminError{now, err.Error()})
+		return
+	}
+	if n := len(a.samples); n > 0 {
+		prev := a.samples[n-1].st
+		if st.Requests < prev.Requests {
+			a.violations = append(a.violations, adminError{now, fmt.Sprintf("admin JSON requests went back from %d to %d", prev.Requests, st.Requests)})
+		}
+		if !st.Since.Equal(prev.Since) {
+			a.violations = append(a.violations, adminError{now, fmt.Sprintf("admin JSON since changed from %v to %v", prev.Since, st.Since)})
+		}
+	}
+	a.samples = append(a.samples, adminSample{now, st})
+}
+
+// latest returns the last sample.
+func (a *adminWatch) latest() (modelStatus, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.samples) == 0 {
+		return modelStatus{}, false
+	}
+	return a.samples[len(a.samples)-1].st, true
+}
+
+// in returns the samples, poll errors and counter violations of a window.
+func (a *adminWatch) in(w window) (samples []adminSample, errs, violations []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.samples {
+		if w.contains(s.at) {
+			samples = append(samples, s)
+		}
+	}
+	for _, e := range a.errors {
+		if w.contains(e.at) {
+			errs = append(errs, e.err)
+		}
+	}
+	for _, v := range a.violations {
+		if w.contains(v.at) {
+			violations = append(violations, v.err)
+		}
+	}
+	return samples, errs, violations
+}
+
+// firstSample returns the time of the first sample of a window in which the
+// replica's health was as wanted.
+func firstSample(samples []adminSample, address string, healthy bool) (time.Time, bool) {
+	for _, s := range samples {
+		if r, ok := s.st.replica(address); ok && r.Healthy == healthy {
+			return s.at, true
+		}
+	}
+	return time.Time{}, false
+}

@@ -1,0 +1,89 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The whole fault run, short: simulators, Caddy, load, every phase. Every
+// expectation of the table must hold.
+func TestRunShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy and the simulator")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var log lockedBuffer
+	table, err := Run(ctx, Options{Short: true, WorkDir: t.TempDir(), Log: &log, Progress: func(p string) { t.Log(p) }})
+	var out strings.Builder
+	_ = table.Print(&out)
+	t.Logf("\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 + len(table.Options.metricsFaults()) + 1; len(table.Rows) != want {
+		t.Errorf("%d rows, want %d", len(table.Rows), want)
+	}
+	for _, v := range table.Violations() {
+		t.Error(v)
+	}
+	for _, r := range table.Rows {
+		if r.Sent == 0 || r.PinsChecked == 0 {
+			t.Errorf("%s: %d requests, %d conversations followed: the load did not run", r.Fault, r.Sent, r.PinsChecked)
+		}
+	}
+	if t.Failed() {
+		t.Logf("caddy and simulators:\n%s", log.String())
+	}
+}
+
+// The recommended retry settings the run uses are the ones the example ships.
+func TestRetrySettingsMatchExample(t *testing.T) {
+	example, err := os.ReadFile("../../examples/Caddyfile.retries")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := caddyConfig{admin: "127.0.0.1:1", site: "127.0.0.1:2", replicas: []string{"127.0.0.1:3"}, scale: 1}.caddyfile("auto")
+	for _, option := range []string{"lb_retries", "lb_try_duration", "lb_try_interval", "fail_duration", "method", "request_buffers", "flush_interval"} {
+		want := optionLine(run, option)
+		if want == "" {
+			t.Fatalf("the run's Caddyfile has no %s", option)
+		}
+		if got := optionLine(string(example), option); got != want {
+			t.Errorf("examples/Caddyfile.retries says %q, the fault run uses %q", got, want)
+		}
+	}
+}
+
+// optionLine is the first non-comment line of a Caddyfile that sets option.
+func optionLine(caddyfile, option string) string {
+	for line := range strings.Lines(caddyfile) {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, option+" ") {
+			return line
+		}
+	}
+	return ""
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

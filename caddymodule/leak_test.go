@@ -1,0 +1,100 @@
+package caddymodule_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/goleak"
+
+	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+)
+
+// Warden's goroutines (metrics pollers, session sweepers) end with the last
+// config that uses them: load a warden config in this process, reload it
+// with changes, serve through it, stop Caddy, and nothing of warden's may be
+// left running.
+func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
+	home := t.TempDir()
+	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
+		t.Setenv(env, home) // Caddy's storage and autosave stay in the test's directory
+	}
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
+	site, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(replicas int, spill int) {
+		t.Helper()
+		if err := caddy.Load(inProcessConfig(site, backends[:replicas], spill), true); err != nil {
+			t.Fatalf("loading: %v", err)
+		}
+	}
+
+	// Caddy itself starts process-wide goroutines on its first load (its
+	// logging, the certificate cache, the listener pool...). One load and
+	// stop first, so that what is left is Caddy's and is ignored below.
+	load(1, 0)
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Idle keep-alive connections (Caddy's transport to the backends, the
+	// backends' side of them) outlive a stop by design; they are net/http's.
+	// Certmagic refreshes a storage lock file while Caddy cleans storage.
+	ignore := []goleak.Option{
+		goleak.IgnoreCurrent(),
+		goleak.IgnoreAnyFunction("github.com/caddyserver/certmagic.keepLockfileFresh"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+	}
+
+	for i := range 4 {
+		load(1+i%2, 4+i) // replicas added and removed, threshold changed
+		time.Sleep(150 * time.Millisecond)
+		resp, err := http.Post("http://"+site+"/v1/messages", "application/json", strings.NewReader(`{"model":"m"}`))
+		if err != nil {
+			t.Fatalf("after reload %d: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("after reload %d: status %s", i, resp.Status)
+		}
+	}
+	// The check can see warden's goroutines: while loaded, they are there.
+	if err := goleak.Find(ignore...); err == nil || !strings.Contains(err.Error(), "metricsfeed") {
+		t.Fatalf("while loaded, goleak sees no metrics poller: %v", err)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	goleak.VerifyNone(t, ignore...)
+}
+
+// inProcessConfig is a JSON config without an admin endpoint (the other
+// tests' Caddy processes own theirs) serving site through warden.
+func inProcessConfig(site string, backends []*fakeVLLM, spill int) []byte {
+	var replicas, upstreams []string
+	for _, b := range backends {
+		replicas = append(replicas, fmt.Sprintf(`{"address":%q}`, b.addr))
+		upstreams = append(upstreams, fmt.Sprintf(`{"dial":%q}`, b.addr))
+	}
+	return fmt.Appendf(nil, `{
+	"admin": {"disabled": true, "config": {"persist": false}},
+	"logging": {"logs": {"default": {"level": "ERROR"}}},
+	"apps": {
+		"warden": {"models": {"m": {"replicas": [%s], "spill_threshold": %d, "metrics_interval": "50ms"}}},
+		"http": {"servers": {"s": {
+			"listen": [%q],
+			"routes": [{"handle": [{
+				"handler": "reverse_proxy",
+				"upstreams": [%s],
+				"load_balancing": {"selection_policy": {"policy": "warden", "model": "m"}}
+			}]}]
+		}}}
+	}
+}`, strings.Join(replicas, ","), spill, site, strings.Join(upstreams, ","))
+}
