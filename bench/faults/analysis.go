@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -97,6 +98,9 @@ type pins struct {
 	checked int // conversations with a known pin that were served in the window
 	lost    int // of those, served elsewhere without cause
 	moved   int // of those, moved once off the faulted server (expected)
+	// lostPaths show each lost conversation's servers: when (relative to
+	// the window's start) it first went to each in turn.
+	lostPaths []string
 }
 
 // followPins walks every conversation's successful requests in order. A
@@ -116,7 +120,11 @@ func followPins(reqs []request, w window, fault pinFault, exempt []window) pins 
 	for _, convReqs := range byConv {
 		slices.SortFunc(convReqs, func(a, b request) int { return a.start.Compare(b.start) })
 		pin, checked, lost, moved := "", false, false, false
-		for _, r := range convReqs {
+		var path []string
+		for i, r := range convReqs {
+			if i == 0 || r.server() != convReqs[i-1].server() {
+				path = append(path, fmt.Sprintf("%s@%v", r.server(), r.start.Sub(w.from).Round(time.Millisecond)))
+			}
 			if slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
 				continue
 			}
@@ -139,6 +147,7 @@ func followPins(reqs []request, w window, fault pinFault, exempt []window) pins 
 		}
 		if lost {
 			p.lost++
+			p.lostPaths = append(p.lostPaths, convReqs[0].conv+" "+strings.Join(path, " "))
 		}
 		if moved && !lost {
 			p.moved++
@@ -148,10 +157,13 @@ func followPins(reqs []request, w window, fault pinFault, exempt []window) pins 
 }
 
 // pinnedAt lists the conversations of an origin whose last success before t
-// was served by server.
-func pinnedAt(reqs []request, t time.Time, server string, o origin) []string {
+// (outside the exempt windows) was served by server.
+func pinnedAt(reqs []request, t time.Time, server string, o origin, exempt []window) []string {
 	last := map[string]request{}
 	for _, r := range reqs {
+		if slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+			continue
+		}
 		if r.ok && r.origin == o && r.end.Before(t) && r.start.After(last[r.conv].start) {
 			last[r.conv] = r
 		}

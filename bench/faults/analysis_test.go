@@ -38,7 +38,8 @@ func TestFollowPins(t *testing.T) {
 		{"failures and cut requests do not count", []request{served("a", 0, 5, "r0/0"), {conv: "a", start: at(11), end: at(12), engine: "r2/0", status: 502}, served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
 	}
 	for _, c := range cases {
-		if got := followPins(c.reqs, phase, c.fault, c.exempt); got != c.want {
+		got := followPins(c.reqs, phase, c.fault, c.exempt)
+		if got.checked != c.want.checked || got.lost != c.want.lost || got.moved != c.want.moved || len(got.lostPaths) != got.lost {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
 	}
@@ -75,9 +76,14 @@ func TestPinnedAtAndFirstRequestsAfter(t *testing.T) {
 		served("c", 0, 5, "r1/0"), served("c", 9, 11, "r1/0"), // ended after 10: r1 still, from the first
 		served("a", 12, 14, "r2/0"), served("a", 11, 13, "r0/0"),
 	}
-	got := pinnedAt(reqs, at(10), "r1", fromProbe)
+	got := pinnedAt(reqs, at(10), "r1", fromProbe, nil)
 	if strings.Join(got, ",") != "a,c" {
 		t.Errorf("pinned to r1 at 10: %v, want a,c", got)
+	}
+	// With affinity off from 6 to 8, a's request on r1 and b's on r0 say
+	// nothing: a's pin is still r0, b's r1.
+	if got := pinnedAt(reqs, at(10), "r1", fromProbe, []window{{at(6), at(8)}}); strings.Join(got, ",") != "b,c" {
+		t.Errorf("pinned to r1 at 10, affinity off from 6 to 8: %v, want b,c", got)
 	}
 	first := firstRequestsAfter(reqs, at(10), []string{"a", "b"})
 	if r, ok := first["a"]; !ok || r.engine != "r0/0" {

@@ -170,6 +170,9 @@ type harness struct {
 	admin    *adminWatch
 	load     *load
 	tmpDir   string // removed at close, when Run made it
+	// affinityOff are the spans during which affinity was off: requests
+	// then are placed by load and say nothing of their conversation's pin.
+	affinityOff []window
 }
 
 func start(ctx context.Context, o Options) (*harness, error) {
