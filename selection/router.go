@@ -90,7 +90,8 @@ type Router struct {
 	rule          atomic.Uint32
 	bytesPerToken atomic.Uint64 // float64 bits
 
-	configured Config // last configuration applied by Configure, under placeMu
+	configured Config                   // last configuration applied by Configure, under placeMu
+	retired    map[string]*replicaState // removed replicas by ID, under placeMu
 
 	requests  atomic.Uint64
 	unkeyed   atomic.Uint64
@@ -102,7 +103,7 @@ type Router struct {
 // NewRouter returns a router for model over replicas.
 func NewRouter(model string, cfg Config, replicas []Replica, now time.Time) *Router {
 	cfg = cfg.withDefaults()
-	r := &Router{model: model, since: now, sessions: newSessionTable(cfg.MaxSessions)}
+	r := &Router{model: model, since: now, sessions: newSessionTable(cfg.MaxSessions), retired: map[string]*replicaState{}}
 	r.fleet.Store(&fleet{byID: map[string]*replicaState{}})
 	r.apply(cfg, true)
 	r.SetReplicas(replicas)
@@ -144,7 +145,8 @@ func (r *Router) apply(cfg Config, first bool) {
 
 // SetReplicas replaces the fleet. Replicas whose ID is kept keep their
 // counters and conversations; conversations pinned to a removed replica are
-// placed again on their next request.
+// placed again on their next request, unless it comes back first: a replica
+// listed again takes up its state (streams still in flight, pins, counters).
 func (r *Router) SetReplicas(replicas []Replica) {
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
@@ -156,6 +158,10 @@ func (r *Router) SetReplicas(replicas []Replica) {
 		}
 		s := old.byID[rep.ID]
 		if s == nil {
+			s = r.retired[rep.ID]
+			delete(r.retired, rep.ID)
+		}
+		if s == nil {
 			s = newReplicaState(rep)
 			s.healthy.Store(true) // until its metrics say otherwise
 		}
@@ -166,6 +172,7 @@ func (r *Router) SetReplicas(replicas []Replica) {
 	for id, s := range old.byID {
 		if next.byID[id] == nil {
 			s.removed.Store(true)
+			r.retired[id] = s
 		}
 	}
 	r.fleet.Store(next)
