@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,10 +28,11 @@ const historyRetention = time.Hour
 
 // model is the state of one model that survives config reloads.
 type model struct {
-	name    string
-	router  *selection.Router
-	history *metricsfeed.History
-	poller  *metricsfeed.Poller
+	name      string
+	router    *selection.Router
+	history   *metricsfeed.History
+	poller    *metricsfeed.Poller
+	transport *http.Transport
 
 	logger atomic.Pointer[zap.Logger] // read by health callbacks, which run under a tracker's lock
 
@@ -50,8 +52,12 @@ func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*model, error
 			history:  metricsfeed.NewHistory(historyRetention, cfg.metricsInterval()),
 			trackers: map[string]*health.Tracker{},
 		}
+		// Its own transport, so that Destruct can close its idle connections.
+		m.transport = http.DefaultTransport.(*http.Transport).Clone()
+		m.transport.Proxy = nil // replicas are dialled directly
 		m.poller = metricsfeed.NewPoller(metricsfeed.PollerConfig{
 			Interval: cfg.metricsInterval(),
+			Client:   &http.Client{Transport: m.transport},
 			OnScrape: m.onScrape,
 			OnHealth: m.onHealth,
 		}, nil)
@@ -127,12 +133,20 @@ func (m *model) logHealthChange(addr string) func(old, new health.State) {
 	return func(old, new health.State) {
 		logger := m.logger.Load()
 		fields := []zap.Field{zap.String("model", m.name), zap.String("server", addr), zap.String("was", old.String())}
-		if new.Healthy {
+		switch {
+		case new.Healthy:
 			logger.Info("replica healthy", fields...)
-		} else {
+		case !old.Healthy && startingUp(old.Reason) && startingUp(new.Reason):
+			logger.Debug("replica starting", append(fields, zap.String("reason", new.String()))...)
+		default:
 			logger.Warn("replica unhealthy", append(fields, zap.String("reason", new.String()))...)
 		}
 	}
+}
+
+// startingUp reports a reason a replica has before its first full check.
+func startingUp(r health.Reason) bool {
+	return r == health.ReasonNoMetrics || r == health.ReasonNoHealthCheck
 }
 
 // start runs the metrics poller and the session sweeper until stop or
@@ -176,6 +190,7 @@ func (m *model) Destruct() error {
 		cancel()
 		<-done
 	}
+	m.transport.CloseIdleConnections()
 	return nil
 }
 
