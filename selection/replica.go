@@ -32,9 +32,10 @@ type Load struct {
 	// replica is then scored as full, never as idle.
 	Known bool
 
-	// external is the part of running+waiting that did not come through
-	// this router, estimated when the load is recorded.
-	external float64
+	// beyond is running+waiting minus our own in-flight count when the
+	// load was recorded; external, the part of it seen in two scrapes in a
+	// row, is taken as other clients' traffic.
+	beyond, external float64
 }
 
 // unknownLoad is how a replica without fresh metrics is scored.
@@ -80,10 +81,15 @@ func (s *replicaState) usable() bool {
 }
 
 // setLoad records a scrape. The engine's running+waiting beyond our own
-// in-flight count at that moment is traffic from other clients.
+// in-flight count is traffic from other clients, if it lasts: a request of
+// ours that ended between the scrape and now shows up once as beyond, and
+// would otherwise weigh on the replica for a whole interval.
 func (s *replicaState) setLoad(l Load) {
 	if l.Known {
-		l.external = math.Max(0, l.Running+l.Waiting-float64(s.inFlight.Load()))
+		l.beyond = math.Max(0, l.Running+l.Waiting-float64(s.inFlight.Load()))
+		if prev := s.load.Load(); prev.Known {
+			l.external = math.Min(l.beyond, prev.beyond)
+		}
 	}
 	s.load.Store(&l)
 }

@@ -125,8 +125,10 @@ func TestSpillStaysWhenPinIsLeastLoaded(t *testing.T) {
 	r := newTestRouter(2, Config{SpillThreshold: 1})
 	home := id(pick(t, r, "a"))
 	pick(t, r, "a")
-	for _, rep := range r.Replicas() {
-		r.SetLoad(rep.ID, Load{Known: true, Running: 30}) // home: our 2 + 28 others
+	for range 2 { // two scrapes in a row
+		for _, rep := range r.Replicas() {
+			r.SetLoad(rep.ID, Load{Known: true, Running: 30}) // home: our 2 + 28 others
+		}
 	}
 	if d := pick(t, r, "a"); id(d) != home || d.Outcome != Sticky {
 		t.Fatalf("got %v on %s; the other replica is as busy, want sticky on %s", d.Outcome, id(d), home)
@@ -338,6 +340,7 @@ func TestOtherClientsLoadCounts(t *testing.T) {
 	r := newTestRouter(2, Config{})
 	busy := r.Replicas()[0].ID
 	r.SetLoad(busy, Load{Known: true, Running: 20})
+	r.SetLoad(busy, Load{Known: true, Running: 20}) // a second scrape confirms it
 	for c := range 4 {
 		if d := pick(t, r, fmt.Sprintf("c%d", c)); id(d) == busy {
 			t.Fatalf("conversation %d placed on the replica busy with 20 requests from elsewhere", c)
@@ -372,5 +375,18 @@ func TestSessionTableHoldsExactlyMaxSessions(t *testing.T) {
 	}
 	if st := r.Status(); st.Sessions != 100 || st.Evicted != 4900 {
 		t.Fatalf("sessions %d, evicted %d; want exactly 100 kept", st.Sessions, st.Evicted)
+	}
+}
+
+func TestOneScrapeOfOtherTrafficIsNotEnough(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	first := r.Replicas()[0].ID
+	r.SetLoad(first, Load{Known: true, Running: 1}) // e.g. our own request, ended since
+	seen := map[string]bool{}
+	for range 2 {
+		seen[id(pick(t, r, ""))] = true // held
+	}
+	if len(seen) != 2 {
+		t.Fatalf("a single scrape's leftover counted as load: both requests went to %v", seen)
 	}
 }

@@ -28,8 +28,10 @@ func evictionScenario(t *testing.T, rule string, inFlight bool) (first string, n
 	r := newTestRouter(2, Config{Rule: rule, BytesPerToken: 1})
 	reps := r.Replicas()
 	setLoad := func(running0, running1 float64) {
-		r.SetLoad(reps[0].ID, Load{Running: running0, KVCapacityTokens: 1000, Known: true})
-		r.SetLoad(reps[1].ID, Load{Running: running1, KVCapacityTokens: 1000, Known: true})
+		for range 2 { // other clients' traffic counts once two scrapes show it
+			r.SetLoad(reps[0].ID, Load{Running: running0, KVCapacityTokens: 1000, Known: true})
+			r.SetLoad(reps[1].ID, Load{Running: running1, KVCapacityTokens: 1000, Known: true})
+		}
 	}
 	setLoad(0, 5) // new conversations go to the first replica
 	a := r.Pick(Request{Key: "a", PromptBytes: 400, Now: t0})

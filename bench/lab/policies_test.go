@@ -107,8 +107,9 @@ func TestLeastConnPicksTheFewestInFlight(t *testing.T) {
 }
 
 // TestWardenSeesLoadOnlyAtPolls checks that the warden policy places new
-// conversations on the engines' metrics as of the last poll, as behind Caddy:
-// traffic that did not come through it shows only after the next poll.
+// conversations on the engines' metrics as of the last polls, as behind
+// Caddy: traffic that did not come through it counts once two polls in a row
+// have shown it.
 func TestWardenSeesLoadOnlyAtPolls(t *testing.T) {
 	env := testEnv(t, 2)
 	policy, err := policyFactories[PolicyWarden](env)
@@ -132,6 +133,7 @@ func TestWardenSeesLoadOnlyAtPolls(t *testing.T) {
 	}
 	onOne := external(1)
 	poll.fn(0)
+	poll.fn(0)
 	if a, _ := policy.Pick(Arrival{Key: "a"}); a != 0 {
 		t.Fatalf("engine 1 reported 5 waiting requests, yet conversation a went to %d", a)
 	}
@@ -145,7 +147,8 @@ func TestWardenSeesLoadOnlyAtPolls(t *testing.T) {
 		t.Fatalf("before the next poll conversation b went to %d, want the stale choice 0", b)
 	}
 	poll.fn(time.Second)
-	if c, _ := policy.Pick(Arrival{Key: "c", Now: time.Second}); c != 1 {
+	poll.fn(2 * time.Second)
+	if c, _ := policy.Pick(Arrival{Key: "c", Now: 2 * time.Second}); c != 1 {
 		t.Fatalf("after the poll conversation c went to %d, want 1", c)
 	}
 }

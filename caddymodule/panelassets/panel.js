@@ -67,7 +67,15 @@
     ["healthy", "Healthy", (r) => (r.healthy ? "yes" : "no"), (r) => r.health, (r) => (r.healthy ? "good" : "bad")],
     ["sessions", "Conversations", (r) => integer(r.sessions)],
     ["active_sessions", "Active", (r) => integer(r.active_sessions), () => "conversations that sent a request lately"],
+    ["process", "Process", processText, (r) => (r.process ? "pid " + r.process.pid : "not launched by warden")],
   ];
+
+  // A launched vLLM server's state, e.g. "ready" or "restarting (3 restarts)".
+  function processText(r) {
+    if (!r.process) return "–";
+    const n = r.process.restarts;
+    return n ? r.process.state + " (" + n + (n === 1 ? " restart)" : " restarts)") : r.process.state;
+  }
 
   function replicaTable(m) {
     const head = el("tr", {}, ...columns.map(([key, title]) => el("th", { text: title, scope: "col", "data-col": key })));
