@@ -7,10 +7,13 @@ BIN := bin
 CADDY_VERSION := $(shell sed -n 's/.*"caddy_version": *"\([^"]*\)".*/\1/p' xcaddy.json)
 XCADDY_WITH := $(shell sed -n 's/.*"module": *"\([^"]*\)", *"replace": *"\([^"]*\)".*/--with \1=\2/p' xcaddy.json)
 
-# Packages whose tests run under the race detector. caddymodule's tests
-# drive a separately built Caddy over HTTP, so racing them checks nothing
-# but the test harness.
-RACE_PKGS := ./selection/... ./metricsfeed/... ./health/... ./sessionkey/... ./bench/...
+# Unit tests, under the race detector, packages in parallel.
+UNIT_PKGS := ./selection/... ./metricsfeed/... ./health/... ./sessionkey/... ./supervise/... \
+	./bench/agentload/... ./bench/hitbound/... ./bench/lab/... ./bench/report/... ./bench/vllmsim/...
+# Tests that run Caddy, simulators and load on loopback with timing windows:
+# one package at a time, so that they do not slow each other down.
+# caddymodule also runs Caddy in-process (reloads, leak check): raced too.
+PROCESS_PKGS := ./bench/caddyproc/... ./bench/e2e/... ./bench/faults/... ./cmd/...
 
 .PHONY: all caddy demo test vet bench clean
 
@@ -36,8 +39,9 @@ vet:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
 test: vet
-	$(GO) test -count=1 -race $(RACE_PKGS)
-	$(GO) test -count=1 ./caddymodule/... ./cmd/...
+	$(GO) test -count=1 -race $(UNIT_PKGS)
+	$(GO) test -count=1 -race ./caddymodule/...
+	$(GO) test -count=1 -p 1 $(PROCESS_PKGS)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./selection/
