@@ -15,7 +15,8 @@ import (
 // Demo settings: 4 simulated replicas behind Caddy at 4 and 16 sessions,
 // affinity off then on, simulated time running demoTimeScale times faster
 // than the wall clock so the whole run takes about
-// 2 levels x 2 policies x demoDuration / demoTimeScale = 2 minutes.
+// 2 levels x 2 policies x (1 min warm-up + demoDuration) / demoTimeScale =
+// 3 minutes after the build.
 const (
 	demoDuration  = 2 * time.Minute
 	demoTimeScale = 4
@@ -47,6 +48,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	opts := runOptions{common: c, Topology: "servers", TimeScale: demoTimeScale, OutDir: *out}
 	if err := endToEndAndPresent(ctx, opts, stdout, stderr); err != nil {
 		return err
+	}
+	admin, _ := filepath.Glob(filepath.Join(*out, "admin-*.json"))
+	fmt.Fprintln(stdout, "\nwarden's admin JSON after each level (GET /warden/models/{model}):")
+	for _, p := range admin {
+		fmt.Fprintf(stdout, "  %s\n", p)
 	}
 	fmt.Fprintf(stdout, "\nEverything the demo wrote is in %s\n", *out)
 	return nil
