@@ -131,14 +131,7 @@ type hostileSetup struct {
 // and Caddy's log kept for inspection.
 func startRecordedFleet(t *testing.T, setup hostileSetup, backends ...*recordingBackend) (*fleet, *syncBuffer) {
 	t.Helper()
-	admin, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	site, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, site := freeAddr(t), freeAddr(t)
 	var addrs []string
 	for _, b := range backends {
 		addrs = append(addrs, b.addr)

@@ -48,14 +48,7 @@ type fleet struct {
 // {replicas} / {server}) in front of the given backends.
 func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 	t.Helper()
-	admin, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	site, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, site := freeAddr(t), freeAddr(t)
 	var addrs []string
 	for _, b := range backends {
 		addrs = append(addrs, b.addr)
@@ -99,6 +92,16 @@ http://%s {
 	f := &fleet{caddy: p, site: site, backends: backends}
 	f.waitHealthy(t)
 	return f
+}
+
+// freeAddr is a loopback address whose port was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	addr, err := caddyproc.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 type writerFunc func([]byte) (int, error)

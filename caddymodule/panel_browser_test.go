@@ -25,7 +25,6 @@ import (
 	"github.com/chromedp/chromedp"
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/caddymodule"
 )
 
@@ -40,10 +39,7 @@ type panelSite struct {
 // loaded through the admin API.
 func (f *fleet) mountPanel(t *testing.T) panelSite {
 	t.Helper()
-	addr, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr := freeAddr(t)
 	const user, password = "operator", "panel-test-password"
 	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
 	if err != nil {

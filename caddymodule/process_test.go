@@ -82,24 +82,13 @@ func (f *supervisedFleet) config(spill string, third string) string {
 }
 
 func freePort(t *testing.T) string {
-	t.Helper()
-	addr, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr := freeAddr(t)
 	return addr[strings.LastIndex(addr, ":")+1:]
 }
 
 func startSupervised(t *testing.T) *supervisedFleet {
 	sim := vllmsimBinary(t)
-	admin, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	site, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, site := freeAddr(t), freeAddr(t)
 	f := &supervisedFleet{template: fmt.Sprintf(supervisedCaddyfile, admin, sim, freePort(t), freePort(t), site)}
 	p, err := caddyproc.Start(caddyBin, f.config("8", ""), admin, nil)
 	if err != nil {
