@@ -344,8 +344,10 @@ func TestRanksMode(t *testing.T) {
 	convs := conversations("rank", 12)
 	for turn := range 3 {
 		concurrently(len(convs), func(i int) {
-			// A forged rank must be replaced by warden's own choice.
-			f.turn(t, convs[i], "X-data-parallel-rank", fmt.Sprint((i+turn)%4))
+			// A forged rank must be replaced by warden's own choice. The
+			// first turns are held open so that they are all in flight
+			// together, as in the replicas test.
+			f.turn(t, convs[i], "X-data-parallel-rank", fmt.Sprint((i+turn)%4), holdHeader, "50ms")
 		})
 	}
 	perRank := map[string]int{}
