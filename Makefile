@@ -8,11 +8,13 @@ CADDY_VERSION := $(shell sed -n 's/.*"caddy_version": *"\([^"]*\)".*/\1/p' xcadd
 XCADDY_WITH := $(shell sed -n 's/.*"module": *"\([^"]*\)", *"replace": *"\([^"]*\)".*/--with \1=\2/p' xcaddy.json)
 
 # Unit tests, under the race detector, packages in parallel.
-UNIT_PKGS := ./selection/... ./metricsfeed/... ./health/... ./sessionkey/... ./supervise/... \
-	./bench/agentload/... ./bench/hitbound/... ./bench/lab/... ./bench/report/... ./bench/vllmsim/...
-# Tests that run Caddy, simulators and load on loopback with timing windows:
-# one package at a time, so that they do not slow each other down.
-# caddymodule also runs Caddy in-process (reloads, leak check): raced too.
+UNIT_PKGS := ./selection/... ./metricsfeed/... ./health/... ./sessionkey/... \
+	./bench/agentload/... ./bench/hitbound/... ./bench/lab/... ./bench/report/...
+# Tests that run servers and processes on loopback ports, close ports and
+# expect them refused, or have timing windows: one package at a time, so
+# that no other package takes a port one of them just freed. The first
+# group is raced (caddymodule also runs Caddy in-process for its leak check).
+SERVER_PKGS := ./supervise/... ./bench/vllmsim/... ./caddymodule/...
 PROCESS_PKGS := ./bench/caddyproc/... ./bench/e2e/... ./bench/faults/... ./cmd/...
 
 .PHONY: all caddy demo test vet bench clean
@@ -40,7 +42,7 @@ vet:
 
 test: vet
 	$(GO) test -count=1 -race $(UNIT_PKGS)
-	$(GO) test -count=1 -race ./caddymodule/...
+	$(GO) test -count=1 -race -p 1 $(SERVER_PKGS)
 	$(GO) test -count=1 -p 1 $(PROCESS_PKGS)
 
 bench:
