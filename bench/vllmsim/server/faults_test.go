@@ -116,15 +116,34 @@ func TestDieMidStreamBreaksTheStream(t *testing.T) {
 
 func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 
+// waitRefused waits until connections to addr are refused. Closing a Go
+// listener releases its socket once the goroutine blocked in Accept has let
+// go of it, so a dial right after the close may still be accepted.
+func waitRefused(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if isRefused(err) {
+			return
+		}
+		if c != nil {
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dial while refusing: %v, want connection refused", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestRefuseClosesThePortUntilCleared(t *testing.T) {
 	s := startServer(t, func(c *Config) { c.ControlPort = freePort(t) })
 	control := "http://" + s.ControlAddr() + "/sim/faults"
 	if status, _ := postFaults(t, control, `{"refuse":true}`); status != 200 {
 		t.Fatalf("refuse via the control port: status %d", status)
 	}
-	if _, err := net.DialTimeout("tcp", s.Addr(), time.Second); !isRefused(err) {
-		t.Fatalf("dial while refusing: %v, want connection refused", err)
-	}
+	waitRefused(t, s.Addr())
 	postFaults(t, control, `{"refuse":false}`)
 	waitListening(t, s.Addr())
 	if status, _ := get(t, s.url("/health")); status != 200 {
@@ -135,9 +154,7 @@ func TestRefuseClosesThePortUntilCleared(t *testing.T) {
 	if status, f := postFaults(t, s.url("/sim/faults"), `{"refuse":true,"refuse_for":"300ms"}`); status != 200 || !f.Refuse {
 		t.Fatalf("refuse_for via the main port: status %d, %+v", status, f)
 	}
-	if _, err := net.DialTimeout("tcp", s.Addr(), time.Second); !isRefused(err) {
-		t.Fatalf("dial while refusing: %v, want connection refused", err)
-	}
+	waitRefused(t, s.Addr())
 	waitListening(t, s.Addr())
 	if s.Faults().Refuse {
 		t.Fatal("the refusal ended but is still reported")
