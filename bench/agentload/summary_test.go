@@ -40,6 +40,7 @@ func TestSummarizePercentiles(t *testing.T) {
 	// Nearest rank: the 50th and 95th smallest; the histogram keeps 3 digits.
 	closeTo(t, "p50 (s)", s.TTFBP50.Seconds(), 5.0, 0.005)
 	closeTo(t, "p95 (s)", s.TTFBP95.Seconds(), 9.5, 0.0095)
+	closeTo(t, "mean (s)", s.TTFBMean.Seconds(), 5.05, 0.005)
 }
 
 func TestSummarizeRatesAndCounts(t *testing.T) {

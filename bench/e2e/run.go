@@ -304,6 +304,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		OutputTokensPerMin: sum.OutputTokensPerMin / o.TimeScale,
 		TTFBP50S:           sum.TTFBP50.Seconds() * o.TimeScale,
 		TTFBP95S:           sum.TTFBP95.Seconds() * o.TimeScale,
+		TTFBMeanS:          sum.TTFBMean.Seconds() * o.TimeScale,
 		ReplicasBusy:       sampler.mean(),
 		StayedPercent:      sum.StayedPercent,
 		HitBoundPercent:    bound.percent(),

@@ -434,6 +434,7 @@ func (o *outcome) row(policy string) report.Row {
 		OutputTokensPerMin: sum.OutputTokensPerMin,
 		TTFBP50S:           sum.TTFBP50.Seconds(),
 		TTFBP95S:           sum.TTFBP95.Seconds(),
+		TTFBMeanS:          sum.TTFBMean.Seconds(),
 		StayedPercent:      sum.StayedPercent,
 		Requests:           sum.Requests,
 		Errors:             sum.Errors,

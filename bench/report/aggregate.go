@@ -33,6 +33,7 @@ var (
 	outputPerMin    = metric{"Output tok/min", func(r Row) float64 { return r.OutputTokensPerMin }, fixed(0), false}
 	ttfbP50         = metric{"TTFB p50 (s)", func(r Row) float64 { return r.TTFBP50S }, fixed(2), false}
 	ttfbP95         = metric{"TTFB p95 (s)", func(r Row) float64 { return r.TTFBP95S }, fixed(2), false}
+	ttfbMean        = metric{"TTFB mean (s)", func(r Row) float64 { return r.TTFBMeanS }, fixed(2), true}
 	replicasBusy    = metric{"Busy", func(r Row) float64 { return r.ReplicasBusy }, fixed(2), false}
 	prefixHits      = metric{"Hits %", func(r Row) float64 { return r.PrefixHitPercent }, fixed(1), false}
 	stayedPercent   = metric{"Stayed %", func(r Row) float64 { return r.StayedPercent }, fixed(1), false}
@@ -43,7 +44,7 @@ var (
 
 var tableMetrics = []metric{
 	sessionsPerHour, outputPerMin, ttfbP50, ttfbP95, replicasBusy, prefixHits, stayedPercent,
-	hitBound, preemptions, errorCount,
+	hitBound, ttfbMean, preemptions, errorCount,
 }
 
 // series is one line of a plot and one label in the table: a mode and a policy.

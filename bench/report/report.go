@@ -42,6 +42,8 @@ type Row struct {
 	// TTFBP50S and TTFBP95S are client-side time to first token percentiles, in seconds.
 	TTFBP50S float64 `json:"ttfb_p50_s"`
 	TTFBP95S float64 `json:"ttfb_p95_s"`
+	// TTFBMeanS is their mean, in seconds (not in the seed's table).
+	TTFBMeanS float64 `json:"ttfb_mean_s,omitempty"`
 	// ReplicasBusy averages, over one sample per second, the replicas with
 	// requests in flight.
 	ReplicasBusy float64 `json:"replicas_busy"`
