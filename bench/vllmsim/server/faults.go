@@ -137,7 +137,8 @@ func (s *Server) endRefusal(generation uint64) {
 
 // handleFaults serves /sim/faults: GET shows the switches, POST merges the JSON body into
 // them (fields left out keep their value), DELETE clears them all. The answer is the switches
-// now in force; it is sent before a refusal closes the connection it travels on.
+// now in force: they apply before it is sent, so the client's next request sees them, except
+// for a refusal, which must let the answer out before it closes the connection.
 func (s *Server) handleFaults(w http.ResponseWriter, r *http.Request) {
 	f := s.Faults()
 	switch r.Method {
@@ -158,6 +159,11 @@ func (s *Server) handleFaults(w http.ResponseWriter, r *http.Request) {
 	default:
 		w.Header().Set("Allow", "GET, POST, DELETE")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if !f.Refuse {
+		s.applyFaults(f)
+		writeJSON(w, http.StatusOK, f)
 		return
 	}
 	writeJSON(w, http.StatusOK, f)

@@ -94,6 +94,10 @@ func TestFaultsEndpointMergesAndClears(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("DELETE: status %d", resp.StatusCode)
+	}
+	// The answer comes after the switches changed: the very next request sees them.
 	if status, _ := get(t, s.url("/health")); status != 200 || s.Faults() != (Faults{}) {
 		t.Fatalf("after DELETE: health %d, faults %+v", status, s.Faults())
 	}
