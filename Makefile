@@ -9,7 +9,7 @@ XCADDY_WITH := $(shell sed -n 's/.*"module": *"\([^"]*\)", *"replace": *"\([^"]*
 
 # Unit tests, under the race detector, packages in parallel.
 UNIT_PKGS := ./selection/... ./metricsfeed/... ./health/... ./sessionkey/... \
-	./bench/agentload/... ./bench/hitbound/... ./bench/lab/... ./bench/report/...
+	./bench/agentload/... ./bench/hitbound/... ./bench/lab/... ./bench/report/... ./internal/...
 # Tests that run servers and processes on loopback ports, close ports and
 # expect them refused, or have timing windows: one package at a time, so
 # that no other package takes a port one of them just freed. The first

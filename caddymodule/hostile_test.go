@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 // Hostile input through the real Caddy: oversized and malformed session
@@ -131,7 +132,7 @@ type hostileSetup struct {
 // and Caddy's log kept for inspection.
 func startRecordedFleet(t *testing.T, setup hostileSetup, backends ...*recordingBackend) (*fleet, *syncBuffer) {
 	t.Helper()
-	admin, site := freeAddr(t), freeAddr(t)
+	admin, site := testnet.Addr(t), testnet.Addr(t)
 	var addrs []string
 	for _, b := range backends {
 		addrs = append(addrs, b.addr)

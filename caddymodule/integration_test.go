@@ -14,6 +14,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 // caddyBin is Caddy built from cmd/caddy once for all tests of the package.
@@ -48,7 +49,7 @@ type fleet struct {
 // {replicas} / {server}) in front of the given backends.
 func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 	t.Helper()
-	admin, site := freeAddr(t), freeAddr(t)
+	admin, site := testnet.Addr(t), testnet.Addr(t)
 	var addrs []string
 	for _, b := range backends {
 		addrs = append(addrs, b.addr)
@@ -92,16 +93,6 @@ http://%s {
 	f := &fleet{caddy: p, site: site, backends: backends}
 	f.waitHealthy(t)
 	return f
-}
-
-// freeAddr is a loopback address whose port was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	addr, err := caddyproc.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addr
 }
 
 type writerFunc func([]byte) (int, error)

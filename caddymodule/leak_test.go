@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/goleak"
+
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 // Warden's goroutines (metrics pollers, session sweepers) end with the last
@@ -21,7 +23,7 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 		t.Setenv(env, home) // Caddy's storage and autosave stay in the test's directory
 	}
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-	site := freeAddr(t)
+	site := testnet.Addr(t)
 	load := func(replicas int, spill int) {
 		t.Helper()
 		if err := caddy.Load(inProcessConfig(site, backends[:replicas], spill), true); err != nil {

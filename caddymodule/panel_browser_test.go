@@ -26,6 +26,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 // panelSite is the panel mounted on a site of its own behind basic_auth.
@@ -39,7 +40,7 @@ type panelSite struct {
 // loaded through the admin API.
 func (f *fleet) mountPanel(t *testing.T) panelSite {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testnet.Addr(t)
 	const user, password = "operator", "panel-test-password"
 	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 var (
@@ -81,15 +83,10 @@ func (f *supervisedFleet) config(spill string, third string) string {
 	return strings.NewReplacer("{spill}", spill, "{third}", third, "{third_upstream}", upstream).Replace(f.template)
 }
 
-func freePort(t *testing.T) string {
-	addr := freeAddr(t)
-	return addr[strings.LastIndex(addr, ":")+1:]
-}
-
 func startSupervised(t *testing.T) *supervisedFleet {
 	sim := vllmsimBinary(t)
-	admin, site := freeAddr(t), freeAddr(t)
-	f := &supervisedFleet{template: fmt.Sprintf(supervisedCaddyfile, admin, sim, freePort(t), freePort(t), site)}
+	admin, site := testnet.Addr(t), testnet.Addr(t)
+	f := &supervisedFleet{template: fmt.Sprintf(supervisedCaddyfile, admin, sim, strconv.Itoa(testnet.Port(t)), strconv.Itoa(testnet.Port(t)), site)}
 	p, err := caddyproc.Start(caddyBin, f.config("8", ""), admin, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +202,7 @@ func TestSupervisedReplicas(t *testing.T) {
 	})
 
 	t.Run("a child that exits at once backs off while the others serve", func(t *testing.T) {
-		if err := f.caddy.Do(http.MethodPost, "/load", []byte(f.config("3", freePort(t))), nil, "Content-Type", "text/caddyfile"); err != nil {
+		if err := f.caddy.Do(http.MethodPost, "/load", []byte(f.config("3", strconv.Itoa(testnet.Port(t)))), nil, "Content-Type", "text/caddyfile"); err != nil {
 			t.Fatal(err)
 		}
 		var delays []time.Duration

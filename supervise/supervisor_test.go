@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 const waitLimit = 10 * time.Second
@@ -152,20 +154,10 @@ func waitGone(t *testing.T, pids ...int) {
 	}
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
 // childSpec runs the test binary as a child serving on a free port.
 func childSpec(t *testing.T, args ...string) Spec {
 	t.Helper()
-	return childSpecOn(t, freePort(t), args...)
+	return childSpecOn(t, strconv.Itoa(testnet.Port(t)), args...)
 }
 
 func childSpecOn(t *testing.T, port string, args ...string) Spec {
@@ -537,7 +529,7 @@ func TestChildDiesWithItsSupervisor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	helper := exec.Command(self, freePort(t))
+	helper := exec.Command(self, strconv.Itoa(testnet.Port(t)))
 	helper.Env = append(os.Environ(), roleEnv+"=supervisor")
 	out, err := helper.StdoutPipe()
 	if err != nil {

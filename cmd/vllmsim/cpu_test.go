@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 // serveArgsEnv, when set, makes the test binary run vllmsim with these arguments instead of
@@ -60,7 +60,7 @@ func TestServerCPUUnderClaudeCodeLoad(t *testing.T) {
 	if s := os.Getenv("VLLMSIM_CPU_SECONDS"); s != "" {
 		seconds, _ = strconv.Atoi(s)
 	}
-	port := freePort(t)
+	port := testnet.Port(t)
 	server := exec.Command(os.Args[0], "-test.run=^$")
 	server.Env = append(os.Environ(), fmt.Sprintf("%s=--port %d --data-parallel-size 4 --time-scale 10 --output-len uniform:32:max", serveArgsEnv, port))
 	server.Stderr = os.Stderr
@@ -72,7 +72,7 @@ func TestServerCPUUnderClaudeCodeLoad(t *testing.T) {
 		server.Wait()
 	}()
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	waitListening(t, addr)
+	testnet.WaitListening(t, addr, 10*time.Second)
 
 	gen, err := agentload.NewGenerator(agentload.DefaultConfig())
 	if err != nil {
@@ -95,24 +95,4 @@ func TestServerCPUUnderClaudeCodeLoad(t *testing.T) {
 	if cores >= 1 {
 		t.Fatalf("the simulator used %.2f cores, want less than one", cores)
 	}
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func waitListening(t *testing.T, addr string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return
-		}
-	}
-	t.Fatalf("the simulator never listened on %s", addr)
 }

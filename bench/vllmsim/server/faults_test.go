@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -142,14 +144,14 @@ func waitRefused(t *testing.T, addr string) {
 }
 
 func TestRefuseClosesThePortUntilCleared(t *testing.T) {
-	s := startServer(t, func(c *Config) { c.ControlPort = freePort(t) })
+	s := startServer(t, func(c *Config) { c.ControlPort = testnet.Port(t) })
 	control := "http://" + s.ControlAddr() + "/sim/faults"
 	if status, _ := postFaults(t, control, `{"refuse":true}`); status != 200 {
 		t.Fatalf("refuse via the control port: status %d", status)
 	}
 	waitRefused(t, s.Addr())
 	postFaults(t, control, `{"refuse":false}`)
-	waitListening(t, s.Addr())
+	testnet.WaitListening(t, s.Addr(), 5*time.Second)
 	if status, _ := get(t, s.url("/health")); status != 200 {
 		t.Fatalf("health after the refusal: %d", status)
 	}
@@ -159,34 +161,9 @@ func TestRefuseClosesThePortUntilCleared(t *testing.T) {
 		t.Fatalf("refuse_for via the main port: status %d, %+v", status, f)
 	}
 	waitRefused(t, s.Addr())
-	waitListening(t, s.Addr())
+	testnet.WaitListening(t, s.Addr(), 5*time.Second)
 	if s.Faults().Refuse {
 		t.Fatal("the refusal ended but is still reported")
-	}
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func waitListening(t *testing.T, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never listened again: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -204,5 +181,5 @@ func TestRefusalDropsOpenStreams(t *testing.T) {
 		t.Fatal("the stream ended cleanly although the server refused")
 	}
 	s.SetFaults(Faults{})
-	waitListening(t, s.Addr())
+	testnet.WaitListening(t, s.Addr(), 5*time.Second)
 }
