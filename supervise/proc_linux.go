@@ -1,10 +1,10 @@
 package supervise
 
 import (
-	"bytes"
 	"os"
-	"strconv"
 	"syscall"
+
+	"github.com/prometheus/procfs"
 )
 
 // platformSupported reports whether this OS can run supervised processes.
@@ -32,42 +32,20 @@ func groupAlive(pgid int) bool {
 	if syscall.Kill(-pgid, 0) == syscall.ESRCH {
 		return false
 	}
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return true // cannot tell: let the grace period and SIGKILL decide
 	}
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	for _, p := range procs {
+		stat, err := p.Stat()
 		if err != nil {
 			continue // the process ended while we looked
 		}
-		if state, group, ok := parseStat(stat); ok && group == pgid && state != 'Z' && state != 'X' {
+		if stat.PGRP == pgid && stat.State != "Z" && stat.State != "X" {
 			return true
 		}
 	}
 	return false
-}
-
-// parseStat reads the state and process group from /proc/PID/stat, whose
-// line is "pid (comm) state ppid pgrp ..."; comm may hold spaces and
-// parentheses, so fields are counted from the last ')'.
-func parseStat(stat []byte) (state byte, pgrp int, ok bool) {
-	end := bytes.LastIndexByte(stat, ')')
-	if end < 0 {
-		return 0, 0, false
-	}
-	fields := bytes.Fields(stat[end+1:])
-	if len(fields) < 3 || len(fields[0]) != 1 {
-		return 0, 0, false
-	}
-	pgrp, err := strconv.Atoi(string(fields[2]))
-	if err != nil {
-		return 0, 0, false
-	}
-	return fields[0][0], pgrp, true
 }
 
 // exitOf describes how a process ended: its exit status, or 128+signal (the

@@ -130,12 +130,8 @@ func running(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	state, _, ok := parseStat(stat)
-	return ok && state != 'Z' && state != 'X'
+	state := procState(pid)
+	return state != "" && state != "Z" && state != "X"
 }
 
 // waitGone fails the test if one of pids outlives waitLimit, and kills it
