@@ -8,7 +8,7 @@ CADDY_VERSION := $(shell sed -n 's/.*"caddy_version": *"\([^"]*\)".*/\1/p' xcadd
 XCADDY_WITH := $(shell sed -n 's/.*"module": *"\([^"]*\)", *"replace": *"\([^"]*\)".*/--with \1=\2/p' xcaddy.json)
 
 # Unit tests, under the race detector, packages in parallel.
-UNIT_PKGS := ./selection/... ./metricsfeed/... ./health/... ./sessionkey/... \
+UNIT_PKGS := ./selection/... ./fleet/... ./metricsfeed/... ./health/... ./sessionkey/... \
 	./bench/agentload/... ./bench/hitbound/... ./bench/lab/... ./bench/report/... ./internal/...
 # Tests that run servers and processes on loopback ports, close ports and
 # expect them refused, or have timing windows: one package at a time, so

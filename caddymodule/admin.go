@@ -1,10 +1,15 @@
 package caddymodule
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,8 +26,10 @@ func init() {
 //	POST /warden/models/{model}/affinity         {"enabled": bool}
 //	POST /warden/models/{model}/spill_threshold  {"value": n} or {"auto": true}
 //
-// Runtime changes keep every pin and counter, and survive config reloads
-// until the config itself changes that setting.
+// Settings are configuration: the POST routes are shortcuts for
+// `POST /config/apps/warden/models/{model}/affinity` (or spill_threshold)
+// and go through Caddy's config API, so the running config, its autosave
+// and routing never disagree. Every reload keeps pins and counters.
 type Admin struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -46,24 +53,22 @@ func (Admin) Routes() []caddy.AdminRoute {
 func listModels(w http.ResponseWriter, _ *http.Request) error {
 	now := time.Now()
 	out := []ModelStatus{}
-	for _, name := range modelNames() {
-		if m, ok := lookupModel(name); ok {
-			out = append(out, m.status(now))
-		}
+	for _, l := range appliedModels() {
+		out = append(out, l.status(now))
 	}
 	return writeJSON(w, out)
 }
 
 func getModel(w http.ResponseWriter, r *http.Request) error {
-	m, err := modelOf(r)
+	l, err := modelOf(r)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, m.status(time.Now()))
+	return writeJSON(w, l.status(time.Now()))
 }
 
 func setAffinity(w http.ResponseWriter, r *http.Request) error {
-	m, err := modelOf(r)
+	l, err := modelOf(r)
 	if err != nil {
 		return err
 	}
@@ -76,12 +81,11 @@ func setAffinity(w http.ResponseWriter, r *http.Request) error {
 	if body.Enabled == nil {
 		return badRequest(errors.New(`expected {"enabled": true|false}`))
 	}
-	m.router.SetAffinity(*body.Enabled)
-	return writeJSON(w, m.status(time.Now()))
+	return setModelOption(w, r, l.model.name, "affinity", *body.Enabled)
 }
 
 func setSpillThreshold(w http.ResponseWriter, r *http.Request) error {
-	m, err := modelOf(r)
+	l, err := modelOf(r)
 	if err != nil {
 		return err
 	}
@@ -94,22 +98,80 @@ func setSpillThreshold(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case body.Auto && body.Value == nil:
-		m.router.SetSpillThreshold(0)
+		return setModelOption(w, r, l.model.name, "spill_threshold", 0)
 	case !body.Auto && body.Value != nil && *body.Value >= 1:
-		m.router.SetSpillThreshold(*body.Value)
-	default:
-		return badRequest(errors.New(`expected {"value": n} with n >= 1, or {"auto": true}`))
+		return setModelOption(w, r, l.model.name, "spill_threshold", *body.Value)
 	}
-	return writeJSON(w, m.status(time.Now()))
+	return badRequest(errors.New(`expected {"value": n} with n >= 1, or {"auto": true}`))
 }
 
-func modelOf(r *http.Request) (*model, error) {
+// setModelOption sets one option of a model through Caddy's config API,
+// by asking the admin endpoint that received r, then answers with the
+// model's panel under the new config.
+func setModelOption(w http.ResponseWriter, r *http.Request, model, option string, value any) error {
+	if err := postConfig(r, "/config/apps/warden/models/"+url.PathEscape(model)+"/"+option, value); err != nil {
+		return err
+	}
+	l, ok := appliedModel(model)
+	if !ok {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("model %q left the config", model)}
+	}
+	return writeJSON(w, l.status(time.Now()))
+}
+
+// postConfig POSTs value to path on the admin endpoint r came in on, with
+// r's Host and Origin, which that endpoint has already accepted.
+func postConfig(r *http.Request, path string, value any) error {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || r.TLS != nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotImplemented,
+			Err: fmt.Errorf("on this admin endpoint, change the setting with POST or PATCH %s", path)}
+	}
+	body, err := json.Marshal(value)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+r.Host+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if origin := r.Header.Get("Origin"); origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	dialer := &net.Dialer{}
+	client := &http.Client{Transport: &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, local.Network(), local.String())
+		},
+	}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("changing %s through the config API: %v", path, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode >= 300 {
+		var apiErr struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(msg, &apiErr) != nil || apiErr.Error == "" {
+			apiErr.Error = string(bytes.TrimSpace(msg))
+		}
+		return caddy.APIError{HTTPStatus: resp.StatusCode, Err: fmt.Errorf("changing %s: %s", path, apiErr.Error)}
+	}
+	return nil
+}
+
+func modelOf(r *http.Request) (*modelLoad, error) {
 	name := r.PathValue("model")
-	m, ok := lookupModel(name)
+	l, ok := appliedModel(name)
 	if !ok {
 		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown model %q", name)}
 	}
-	return m, nil
+	return l, nil
 }
 
 func decodeBody(r *http.Request, v any) error {

@@ -1,10 +1,11 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 )
 
 func init() {
@@ -12,15 +13,18 @@ func init() {
 }
 
 // App is the warden app: the models it routes, each with its replicas. It
-// polls every replica's /metrics and keeps conversations and counters across
+// polls every replica's /metrics and keeps sessions and counters across
 // config reloads.
+//
+// A config load is a transaction: Provision prepares this config's version
+// of each model without touching what the running config uses; Start
+// applies it; a load that fails anywhere leaves routing, pins, counters,
+// history, pollers and processes as they were.
 type App struct {
 	// Models by name; `lb_policy warden <name>` routes for one of them.
 	Models map[string]*ModelConfig `json:"models,omitempty"`
 
-	models    []*model
-	processes []process
-	logger    *zap.Logger
+	loads []*modelLoad // sorted by model name
 }
 
 // CaddyModule returns the Caddy module information.
@@ -31,71 +35,91 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision validates the models and attaches them to their live state.
+// Provision completes each model from its process command lines and
+// prepares this config's version of it.
 func (a *App) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger()
-	registerMetrics(ctx.GetMetricsRegistry(), a.logger)
-	for name, cfg := range a.Models {
+	logger := ctx.Logger()
+	registerMetrics(ctx.GetMetricsRegistry(), logger)
+	names := make([]string, 0, len(a.Models))
+	for name := range a.Models {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		cfg := a.Models[name]
 		if cfg == nil {
 			return fmt.Errorf("model %q: empty configuration", name)
 		}
-		if err := cfg.validate(name); err != nil {
+		if err := cfg.provision(name); err != nil {
 			return err
 		}
-	}
-	for name, cfg := range a.Models {
-		m, err := loadModel(name, cfg, a.logger)
+		l, err := loadModel(name, cfg, logger)
 		if err != nil {
 			return err
 		}
-		a.models = append(a.models, m)
-		ps, err := loadProcesses(name, cfg, a.logger)
-		if err != nil {
+		a.loads = append(a.loads, l) // referenced: Cleanup releases it
+		if l.procs, err = loadProcesses(name, cfg); err != nil {
 			return err
 		}
-		a.processes = append(a.processes, ps...)
-		m.setProcesses(ps)
 	}
 	return nil
 }
 
-// model returns the live state of a model of this config.
-func (a *App) model(name string) (*model, bool) {
-	for _, m := range a.models {
-		if m.name == name {
-			return m, true
+// Validate checks every model's configuration.
+func (a *App) Validate() error {
+	var errs []error
+	for _, l := range a.loads {
+		errs = append(errs, l.cfg.validate(l.model.name))
+	}
+	return errors.Join(errs...)
+}
+
+// load is this config's version of the named model.
+func (a *App) load(name string) (*modelLoad, bool) {
+	for _, l := range a.loads {
+		if l.model.name == name {
+			return l, true
 		}
 	}
 	return nil, false
 }
 
-// Start launches the processes not running yet and starts polling the
-// replicas of every model.
+// Start applies this config to every model, launches the processes not
+// running yet and starts polling.
 func (a *App) Start() error {
-	startProcesses(a.processes)
-	for _, m := range a.models {
-		m.start()
+	for _, l := range a.loads {
+		l.model.activate(l)
+		startProcesses(l.procs)
+		l.model.start()
 	}
 	return nil
 }
 
-// Stop does nothing: pollers and processes belong to the models, which stop
+// Stop gives each model back to the newest config still running, if this
+// one was applied. Pollers and processes belong to the models, which stop
 // them when the last config that uses them is cleaned up.
-func (a *App) Stop() error { return nil }
+func (a *App) Stop() error {
+	for _, l := range a.loads {
+		l.model.deactivate(l)
+	}
+	return nil
+}
 
 // Cleanup drops this config's references to its models and processes.
 func (a *App) Cleanup() error {
-	releaseProcesses(a.processes)
-	for _, m := range a.models {
-		if _, err := models.Delete(m.name); err != nil {
-			return err
+	var errs []error
+	for _, l := range a.loads {
+		releaseProcesses(l.procs)
+		if _, err := models.Delete(l.model.name); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 var (
 	_ caddy.App          = (*App)(nil)
 	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )

@@ -8,8 +8,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
-
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func init() {
@@ -33,7 +31,6 @@ func init() {
 //			max_num_seqs <n>
 //			spill_threshold auto|<n>
 //			affinity on|off
-//			rule seed|cachefit
 //			session_headers <header>...
 //			session_from_body [on|off]
 //			body_scan_bytes <n>
@@ -46,9 +43,13 @@ func init() {
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	app := &App{Models: map[string]*ModelConfig{}}
-	if existing != nil {
-		if err := json.Unmarshal(existing.(httpcaddyfile.App).Value, app); err != nil { // warden blocks repeated
-			return nil, err
+	if existing != nil { // warden blocks repeated
+		prev, ok := existing.(httpcaddyfile.App)
+		if !ok {
+			return nil, d.Errf("unexpected earlier warden option of type %T", existing)
+		}
+		if err := json.Unmarshal(prev.Value, app); err != nil {
+			return nil, d.Errf("merging an earlier warden option: %v", err)
 		}
 	}
 	d.Next() // option name
@@ -70,6 +71,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := m.provision(name); err != nil {
+			return nil, d.Err(err.Error())
+		}
 		if err := m.validate(name); err != nil {
 			return nil, d.Err(err.Error())
 		}
@@ -78,8 +82,11 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	return httpcaddyfile.App{Name: "warden", Value: caddyconfig.JSON(app, nil)}, nil
 }
 
+// parseModel reads a model block. Affinity is always written, so that the
+// config API can PATCH it.
 func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
-	m := &ModelConfig{}
+	on := true
+	m := &ModelConfig{Affinity: &on}
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
@@ -111,12 +118,7 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			on, err = onOff(d)
 			m.Affinity = &on
 		case "rule":
-			if !d.Args(&m.Rule) {
-				return nil, d.Err("rule: expected seed or cachefit")
-			}
-			if err := selection.CheckRule(m.Rule); err != nil {
-				return nil, d.Errf("rule: %v", err)
-			}
+			return nil, d.Err("rule was removed: the default rule (seed) is the only one, delete the line; cachefit was an experiment (docs/policy.md)")
 		case "session_headers":
 			m.SessionHeaders = d.RemainingArgs()
 			if len(m.SessionHeaders) == 0 {

@@ -8,12 +8,13 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
-// DefaultSessionHeaders are read in order; the first present names the
-// conversation. Claude Code sends the first on every request of a session.
-var DefaultSessionHeaders = []string{"X-Claude-Code-Session-Id", "X-Session-Id", "X-Session-Affinity", "Session-Id"}
+// defaultSessionHeaders are read in order; the first present names the
+// session. Claude Code sends the first on every request.
+var defaultSessionHeaders = []string{"X-Claude-Code-Session-Id", "X-Session-Id", "X-Session-Affinity", "Session-Id"}
 
 // ModelConfig is one model served by a fleet of vLLM replicas: either one
 // server per replica (Replicas), or one server with internal data
@@ -27,13 +28,12 @@ type ModelConfig struct {
 	// MaxNumSeqs is vLLM's --max-num-seqs per replica (default 32).
 	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
 	// SpillThreshold: in-flight requests above which a pinned replica sheds
-	// a request. 0 means auto: max_num_seqs/4.
-	SpillThreshold int `json:"spill_threshold,omitempty"`
-	// Affinity pins conversations to replicas (default true).
+	// a request. 0 means auto: max_num_seqs/4. Always written, so that
+	// `PATCH /config/apps/warden/models/<m>/spill_threshold` finds it.
+	SpillThreshold int `json:"spill_threshold"`
+	// Affinity pins sessions to replicas (default true). Change it at
+	// runtime with `PATCH /config/apps/warden/models/<m>/affinity`.
 	Affinity *bool `json:"affinity,omitempty"`
-	// Rule is the placement rule: "seed" (default) or the experimental
-	// "cachefit"; see docs/policy.md.
-	Rule string `json:"rule,omitempty"`
 
 	// SessionHeaders name the conversation, first present wins.
 	SessionHeaders []string `json:"session_headers,omitempty"`
@@ -68,6 +68,7 @@ type ReplicaConfig struct {
 
 // ServerConfig is one vLLM server with internal data parallelism.
 type ServerConfig struct {
+	// Address is the host:port reverse_proxy dials.
 	Address string `json:"address"`
 	// Ranks is its --data-parallel-size.
 	Ranks int `json:"ranks"`
@@ -95,13 +96,17 @@ type ProcessConfig struct {
 
 const defaultBodyScanBytes = 64 << 10
 
-// validate fills what process command lines say (address from --port,
-// ranks from --data-parallel-size, max_num_seqs from --max-num-seqs) and
-// checks the model's shape; errors name the model.
-func (c *ModelConfig) validate(name string) error {
+// provision fills what process command lines say: the address from
+// --port, ranks from --data-parallel-size, max_num_seqs from --max-num-seqs.
+func (c *ModelConfig) provision(name string) error {
 	if err := c.fromProcesses(); err != nil {
 		return fmt.Errorf("model %q: %v", name, err)
 	}
+	return nil
+}
+
+// validate checks a provisioned model's shape; errors name the model.
+func (c *ModelConfig) validate(name string) error {
 	switch {
 	case len(c.Replicas) == 0 && c.Server == nil:
 		return fmt.Errorf("model %q: needs replicas or a server", name)
@@ -115,9 +120,6 @@ func (c *ModelConfig) validate(name string) error {
 		return fmt.Errorf("model %q: max_num_seqs, spill_threshold, max_sessions and body_scan_bytes must not be negative", name)
 	case c.MaxSessions > 0 && c.MaxSessions < selection.MinMaxSessions:
 		return fmt.Errorf("model %q: max_sessions must be at least %d", name, selection.MinMaxSessions)
-	}
-	if err := selection.CheckRule(c.Rule); err != nil {
-		return fmt.Errorf("model %q: %v", name, err)
 	}
 	seen := map[string]bool{}
 	for _, a := range c.addresses() {
@@ -168,15 +170,19 @@ func (c *ModelConfig) replicas() []selection.Replica {
 	return out
 }
 
-func (c *ModelConfig) routerConfig() selection.Config {
-	return selection.Config{
-		MaxNumSeqs:     c.MaxNumSeqs,
-		SpillThreshold: c.SpillThreshold,
-		Affinity:       c.Affinity == nil || *c.Affinity,
-		Rule:           c.Rule,
-		SessionTTL:     time.Duration(c.SessionTTL),
-		ActiveWindow:   time.Duration(c.ActiveWindow),
-		MaxSessions:    c.MaxSessions,
+// fleetSpec is the model's runtime configuration.
+func (c *ModelConfig) fleetSpec() fleet.Spec {
+	return fleet.Spec{
+		Routing: selection.Config{
+			MaxNumSeqs:     c.MaxNumSeqs,
+			SpillThreshold: c.SpillThreshold,
+			Affinity:       c.Affinity == nil || *c.Affinity,
+			SessionTTL:     time.Duration(c.SessionTTL),
+			ActiveWindow:   time.Duration(c.ActiveWindow),
+			MaxSessions:    c.MaxSessions,
+		},
+		Replicas:        c.replicas(),
+		MetricsInterval: c.metricsInterval(),
 	}
 }
 
@@ -191,7 +197,7 @@ func (c *ModelConfig) sessionHeaders() []string {
 	if len(c.SessionHeaders) > 0 {
 		return c.SessionHeaders
 	}
-	return DefaultSessionHeaders
+	return defaultSessionHeaders
 }
 
 func (c *ModelConfig) bodyScanBytes() int {

@@ -55,7 +55,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"replicas 127.0.0.1:1\n\t\tsession_ttl soon", "session_ttl: expected a positive duration"},
 		{"replicas 127.0.0.1:1\n\t\tbogus 1", `unrecognized model option "bogus"`},
 		{"max_num_seqs 32", "needs replicas or a server"},
-		{"replicas 127.0.0.1:1\n\t\trule fastest", "rule: unknown routing rule"},
+		{"replicas 127.0.0.1:1\n\t\trule seed", "rule was removed"},
 		{"replicas 127.0.0.1:1\n\t\tmax_sessions 10", "max_sessions must be at least 64"},
 		{"replica {\n\t\t\tprocess\n\t\t}", "process: expected a command"},
 		{"replica {\n\t\t\tenv ONLY_NAME\n\t\t}", "env: expected a name and a value"},

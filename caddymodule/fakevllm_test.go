@@ -27,6 +27,7 @@ type fakeVLLM struct {
 	srv     *http.Server
 
 	running []atomic.Int64 // per engine
+	scrapes atomic.Int64   // GET /metrics served
 
 	mu         sync.Mutex
 	seen       []seenRequest
@@ -101,6 +102,7 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {
+	f.scrapes.Add(1)
 	var b strings.Builder
 	b.WriteString("# TYPE vllm:num_requests_running gauge\n")
 	for e := range f.engines {

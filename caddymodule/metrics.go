@@ -22,22 +22,22 @@ var (
 	replicaLabels = []string{"model", "replica"}
 
 	descInFlight     = desc("in_flight_requests", "Requests in flight through warden to the replica.", replicaLabels...)
-	descRequests     = desc("requests_total", "Requests routed to the replica, by outcome: sticky (its conversation's pin), spilled (pinned elsewhere, over threshold), client_pinned, unpinned (no key or affinity off).", append(replicaLabels, "outcome")...)
-	descPlaced       = desc("conversations_placed_total", "New conversations pinned to the replica.", replicaLabels...)
-	descReplaced     = desc("conversations_replaced_total", "Conversations moved to the replica because their pin was unusable.", replicaLabels...)
-	descSessions     = desc("conversations", "Conversations pinned to the replica.", replicaLabels...)
-	descActive       = desc("active_conversations", "Conversations pinned to the replica that sent a request within the active window.", replicaLabels...)
+	descRequests     = desc("requests_total", "Requests routed to the replica, by outcome: sticky (its session's pin), spilled (pinned elsewhere, over threshold), client_pinned, unpinned (no key or affinity off).", append(replicaLabels, "outcome")...)
+	descPlaced       = desc("sessions_placed_total", "New sessions pinned to the replica.", replicaLabels...)
+	descReplaced     = desc("sessions_replaced_total", "Sessions moved to the replica because their pin was unusable.", replicaLabels...)
+	descSessions     = desc("sessions", "Sessions pinned to the replica.", replicaLabels...)
+	descActive       = desc("active_sessions", "Sessions pinned to the replica that sent a request within the active window.", replicaLabels...)
 	descHealthy      = desc("replica_healthy", "1 when the replica can take work (fresh metrics, /health 200).", replicaLabels...)
 	descRunning      = desc("replica_running_requests", "vllm:num_requests_running at the last scrape.", replicaLabels...)
 	descWaiting      = desc("replica_waiting_requests", "vllm:num_requests_waiting at the last scrape.", replicaLabels...)
 	descKV           = desc("replica_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc at the last scrape (0..1).", replicaLabels...)
 	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters.", replicaLabels...)
-	descAffinity     = desc("affinity_enabled", "1 when the model pins conversations.", "model")
+	descAffinity     = desc("affinity_enabled", "1 when the model pins sessions.", "model")
 	descThreshold    = desc("spill_threshold", "In-flight requests above which a pinned replica sheds a request.", "model")
 	descUnkeyed      = desc("unkeyed_requests_total", "Requests without a session key.", "model")
 	descNoReplica    = desc("no_replica_total", "Requests for which no replica was usable.", "model")
-	descEvicted      = desc("conversations_evicted_total", "Conversations dropped because the session table was full.", "model")
-	descExpired      = desc("conversations_expired_total", "Conversations forgotten after the idle TTL.", "model")
+	descEvicted      = desc("sessions_evicted_total", "Sessions dropped because the session table was full.", "model")
+	descExpired      = desc("sessions_expired_total", "Sessions forgotten after the idle TTL.", "model")
 	descPromptTokens = desc("prompt_tokens_per_second", "Prompt tokens per second over the last minute, by kind: cached (served from the prefix cache, engine-reported) or computed.", "model", "kind")
 	descGenTokens    = desc("generation_tokens_per_second", "Generated tokens per second over the last minute.", "model")
 
@@ -71,12 +71,9 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads every live model.
 func (collector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
-	for _, name := range modelNames() {
-		m, ok := lookupModel(name)
-		if !ok {
-			continue
-		}
-		st := m.status(now)
+	for _, l := range appliedModels() {
+		name := l.model.name
+		st := l.status(now)
 		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 		}
@@ -105,7 +102,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descKV, r.KVUsed, name, r.ID)
 			gauge(descHitRate, r.PrefixHitRate, name, r.ID)
 		}
-		rates := m.fleetRates(now, rateWindow)
+		rates, _ := l.model.fleet.Rates(now, rateWindow)
 		gauge(descPromptTokens, rates.CachedPerSec, name, "cached")
 		gauge(descPromptTokens, rates.ComputedPerSec, name, "computed")
 		gauge(descGenTokens, rates.GenPerSec, name)

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"slices"
@@ -11,9 +12,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/health"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
-	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
 
@@ -23,124 +24,129 @@ import (
 // that keeps a model keeps its pins, counters, metrics and pollers.
 var models = caddy.NewUsagePool()
 
-// historyRetention is how far back the tokens-per-second history goes.
-const historyRetention = time.Hour
-
-// model is the state of one model that survives config reloads.
+// model is the state of one model that survives config reloads: the fleet
+// runtime and the poller that feeds it. Settings are not state: each config
+// load has its own (modelLoad), and the one applied is the newest started
+// load still running.
 type model struct {
 	name      string
-	router    *selection.Router
-	history   *metricsfeed.History
+	fleet     *fleet.Model
 	poller    *metricsfeed.Poller
 	transport *http.Transport
 
-	logger atomic.Pointer[zap.Logger] // read by health callbacks, which run under a tracker's lock
+	logger atomic.Pointer[zap.Logger] // the applied load's; read by health callbacks
 
-	mu       sync.Mutex
-	cfg      *ModelConfig
-	trackers map[string]*health.Tracker       // by server address
-	procs    map[string]*supervise.Supervisor // launched servers by address
-	cancel   context.CancelFunc               // stops the poller and sweeper; nil when not running
-	done     chan struct{}
+	mu     sync.Mutex
+	live   []*modelLoad       // started and not stopped, oldest first
+	cancel context.CancelFunc // stops the poller and sweeper; nil when not running
+	done   chan struct{}
 }
 
-func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*model, error) {
+// modelLoad is one config load's version of a model: its settings, its
+// routing plan and its processes. It is private to its load until Start.
+type modelLoad struct {
+	model  *model
+	cfg    *ModelConfig
+	plan   *fleet.Plan
+	procs  []process
+	logger *zap.Logger
+}
+
+// loadModel takes a reference on the model's live state, creating it for a
+// new model, and prepares this load's version of it. Nothing the running
+// config uses changes.
+func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*modelLoad, error) {
 	v, _, err := models.LoadOrNew(name, func() (caddy.Destructor, error) {
-		m := &model{
-			name:     name,
-			router:   selection.NewRouter(name, cfg.routerConfig(), cfg.replicas(), time.Now()),
-			history:  metricsfeed.NewHistory(historyRetention, cfg.metricsInterval()),
-			trackers: map[string]*health.Tracker{},
-		}
+		m := &model{name: name}
+		m.fleet = fleet.New(name, cfg.metricsInterval(), time.Now(), m.logHealthChange)
 		// Its own transport, so that Destruct can close its idle connections.
 		m.transport = http.DefaultTransport.(*http.Transport).Clone()
 		m.transport.Proxy = nil // replicas are dialled directly
 		m.poller = metricsfeed.NewPoller(metricsfeed.PollerConfig{
 			Interval: cfg.metricsInterval(),
 			Client:   &http.Client{Transport: m.transport},
-			OnScrape: m.onScrape,
-			OnHealth: m.onHealth,
+			OnScrape: m.fleet.ObserveScrape,
+			OnHealth: m.fleet.ObserveHealth,
 		}, nil)
+		m.logger.Store(logger)
 		return m, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	m := v.(*model)
-	m.configure(cfg, logger)
-	return m, nil
+	return &modelLoad{
+		model:  m,
+		cfg:    cfg,
+		plan:   m.fleet.Prepare(cfg.fleetSpec()),
+		logger: logger,
+	}, nil
 }
 
-// configure applies a (re)loaded model config.
-func (m *model) configure(cfg *ModelConfig, logger *zap.Logger) {
+// activate makes l the model's applied version; called by Start.
+func (m *model) activate(l *modelLoad) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cfg = cfg
-	m.logger.Store(logger)
-	m.router.Configure(cfg.routerConfig())
-	m.router.SetReplicas(cfg.replicas())
-	trackers := make(map[string]*health.Tracker, len(cfg.addresses()))
-	for _, addr := range cfg.addresses() {
-		if t := m.trackers[addr]; t != nil {
-			trackers[addr] = t
-			continue
-		}
-		trackers[addr] = health.NewTracker(health.Config{
-			Interval: cfg.metricsInterval(),
-			OnChange: m.logHealthChange(addr),
-		})
-	}
-	for addr := range m.trackers {
-		if trackers[addr] == nil {
-			m.history.Forget(addr)
-		}
-	}
-	m.trackers = trackers
-	m.poller.SetTargets(cfg.addresses())
+	m.live = append(m.live, l)
+	m.applyLocked(l)
 }
 
-// setProcesses records the model's launched servers.
-func (m *model) setProcesses(ps []process) {
-	procs := make(map[string]*supervise.Supervisor, len(ps))
-	for _, p := range ps {
-		procs[p.addr] = p.sup
-	}
+// deactivate drops l, called by Stop. When l was applied, the newest load
+// still running is applied again: that is how a config whose start failed
+// after this app started gives the routing back to the running config.
+func (m *model) deactivate(l *modelLoad) {
 	m.mu.Lock()
-	m.procs = procs
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	i := slices.Index(m.live, l)
+	if i < 0 {
+		return
+	}
+	m.live = slices.Delete(m.live, i, i+1)
+	if i == len(m.live) && len(m.live) > 0 {
+		m.applyLocked(m.live[len(m.live)-1])
+	}
 }
 
-// processState is the state of the server at addr if warden launched it.
-func (m *model) processState(addr string) *supervise.State {
+func (m *model) applyLocked(l *modelLoad) {
+	m.logger.Store(l.logger)
+	m.fleet.Apply(l.plan)
+	m.poller.SetTargets(l.plan.Addresses())
+	for _, p := range l.procs {
+		p.logTo(l.logger, m.name)
+	}
+}
+
+// applied is the load in force, nil while no config using the model runs.
+func (m *model) applied() *modelLoad {
 	m.mu.Lock()
-	sup := m.procs[addr]
-	m.mu.Unlock()
-	if sup == nil {
+	defer m.mu.Unlock()
+	if len(m.live) == 0 {
 		return nil
 	}
-	st := sup.State()
-	return &st
+	return m.live[len(m.live)-1]
 }
 
-// config returns the model's current configuration.
-func (m *model) config() *ModelConfig {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.cfg
-}
-
-func (m *model) logHealthChange(addr string) func(old, new health.State) {
-	return func(old, new health.State) {
-		logger := m.logger.Load()
-		fields := []zap.Field{zap.String("model", m.name), zap.String("server", addr), zap.String("was", old.String())}
-		switch {
-		case new.Healthy:
-			logger.Info("replica healthy", fields...)
-		case !old.Healthy && startingUp(old.Reason) && startingUp(new.Reason):
-			logger.Debug("replica starting", append(fields, zap.String("reason", new.String()))...)
-		default:
-			logger.Warn("replica unhealthy", append(fields, zap.String("reason", new.String()))...)
+// processState is the state of the server at addr if the applied load launched it.
+func (l *modelLoad) processState(addr string) *supervise.State {
+	for _, p := range l.procs {
+		if p.addr == addr {
+			st := p.sup.State()
+			return &st
 		}
+	}
+	return nil
+}
+
+func (m *model) logHealthChange(addr string, old, new health.State) {
+	logger := m.logger.Load()
+	fields := []zap.Field{zap.String("model", m.name), zap.String("server", addr), zap.String("was", old.String())}
+	switch {
+	case new.Healthy:
+		logger.Info("replica healthy", fields...)
+	case !old.Healthy && startingUp(old.Reason) && startingUp(new.Reason):
+		logger.Debug("replica starting", append(fields, zap.String("reason", new.String()))...)
+	default:
+		logger.Warn("replica unhealthy", append(fields, zap.String("reason", new.String()))...)
 	}
 }
 
@@ -149,8 +155,8 @@ func startingUp(r health.Reason) bool {
 	return r == health.ReasonNoMetrics || r == health.ReasonNoHealthCheck
 }
 
-// start runs the metrics poller and the session sweeper until stop or
-// Destruct. Starting a running model does nothing.
+// start runs the metrics poller and the session sweeper until Destruct.
+// Starting a running model does nothing.
 func (m *model) start() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -166,7 +172,7 @@ func (m *model) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = m.poller.Run(ctx) })
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(fleet.SweepInterval)
 	defer tick.Stop()
 	for {
 		select {
@@ -174,8 +180,7 @@ func (m *model) run(ctx context.Context, done chan struct{}) {
 			wg.Wait()
 			return
 		case now := <-tick.C:
-			m.router.Sweep(now)
-			m.refreshHealth(now)
+			m.fleet.Tick(now)
 		}
 	}
 }
@@ -194,121 +199,27 @@ func (m *model) Destruct() error {
 	return nil
 }
 
-func (m *model) tracker(addr string) *health.Tracker {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.trackers[addr]
-}
-
-// refreshHealth re-evaluates every replica, so that metrics that stop
-// arriving turn a replica unhealthy even without a failed scrape.
-func (m *model) refreshHealth(now time.Time) {
-	for _, rep := range m.router.Replicas() {
-		if t := m.tracker(rep.Address); t != nil {
-			m.router.SetHealthy(rep.ID, t.Healthy(now))
-		}
-	}
-}
-
-func (m *model) onHealth(addr string, at time.Time, err error) {
-	if t := m.tracker(addr); t != nil {
-		t.ObserveHealth(at, err)
-		m.refreshHealth(at)
-	}
-}
-
-func (m *model) onScrape(addr string, at time.Time, s metricsfeed.Scrape, err error) {
-	t := m.tracker(addr)
-	if t == nil {
-		return
-	}
-	t.ObserveScrape(at, err)
-	if err == nil {
-		m.history.Add(addr, at, s)
-	}
-	for _, rep := range m.router.Replicas() {
-		if rep.Address != addr {
-			continue
-		}
-		load := selection.Load{} // unknown: scored as full
-		if err == nil {
-			load = replicaLoad(rep, s)
-		}
-		m.router.SetLoad(rep.ID, load)
-	}
-	m.refreshHealth(at)
-}
-
-// replicaLoad is a replica's load in a scrape: its own engine for a rank,
-// all engines of the server for a whole server.
-func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
-	var l selection.Load
-	engines := 0
-	for _, e := range s.Engines {
-		if rep.SetsRank && e.Engine != rep.Rank {
-			continue
-		}
-		if !e.Has(metricsfeed.LoadFields) {
-			return selection.Load{}
-		}
-		l.Running += float64(e.Running)
-		l.Waiting += float64(e.Waiting)
-		l.KVUsage += e.KVUsage
-		l.KVCapacityTokens += float64(e.BlockSize * e.NumGPUBlocks)
-		engines++
-	}
-	if engines == 0 {
-		return selection.Load{}
-	}
-	l.KVUsage /= float64(engines)
-	l.Known = true
-	return l
-}
-
-// source selects a replica's counters in the history.
-func source(rep selection.Replica) metricsfeed.Source {
-	if rep.SetsRank {
-		return metricsfeed.Source{Target: rep.Address, Engine: rep.Rank}
-	}
-	return metricsfeed.WholeTarget(rep.Address)
-}
-
-// lookupModel finds a model's live state by name.
-func lookupModel(name string) (*model, bool) {
-	var found *model
-	models.Range(func(key, value any) bool {
-		if key.(string) == name {
-			found = value.(*model)
-			return false
+// appliedModels are the models a running config applies, sorted by name.
+func appliedModels() []*modelLoad {
+	var out []*modelLoad
+	models.Range(func(_, value any) bool {
+		if l := value.(*model).applied(); l != nil {
+			out = append(out, l)
 		}
 		return true
 	})
-	return found, found != nil
-}
-
-// modelNames lists the live models, sorted.
-func modelNames() []string {
-	var names []string
-	models.Range(func(key, _ any) bool {
-		names = append(names, key.(string))
-		return true
-	})
-	slices.Sort(names)
-	return names
-}
-
-// sources select the counters of every replica of the model.
-func (m *model) sources() []metricsfeed.Source {
-	reps := m.router.Replicas()
-	out := make([]metricsfeed.Source, len(reps))
-	for i, rep := range reps {
-		out[i] = source(rep)
-	}
+	slices.SortFunc(out, func(a, b *modelLoad) int { return cmp.Compare(a.model.name, b.model.name) })
 	return out
 }
 
-// fleetRates are the model's token rates over window, all replicas together.
-func (m *model) fleetRates(now time.Time, window time.Duration) metricsfeed.Rates {
-	rates, _ := m.history.Rates(now, window, m.sources()...)
-	return rates
+// appliedModel is the applied load of the named model.
+func appliedModel(name string) (*modelLoad, bool) {
+	for _, l := range appliedModels() {
+		if l.model.name == name {
+			return l, true
+		}
+	}
+	return nil, false
 }
+
+var _ caddy.Destructor = (*model)(nil)

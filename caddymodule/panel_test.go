@@ -19,7 +19,9 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth" // basic_auth
 	"go.uber.org/zap"
 
+	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func TestWantsJSON(t *testing.T) {
@@ -157,25 +159,36 @@ func counterScrape(prompt, cached, generated float64) metricsfeed.Scrape {
 	}}}
 }
 
-// feed adds a scrape per second for secs seconds from t0 at 100 prompt
-// tokens/s (cachedShare of them cached) and 10 generated tokens/s.
-func feed(h *metricsfeed.History, target string, t0 time.Time, secs int, cachedShare float64) {
+// feed scrapes target once a second for secs seconds from t0 at 100
+// prompt tokens/s (cachedShare of them cached) and 10 generated tokens/s.
+func feed(f *fleet.Model, target string, t0 time.Time, secs int, cachedShare float64) {
 	for i := 0; i <= secs; i++ {
-		h.Add(target, t0.Add(time.Duration(i)*time.Second), counterScrape(100*float64(i), 100*cachedShare*float64(i), 10*float64(i)))
+		f.ObserveScrape(target, t0.Add(time.Duration(i)*time.Second), counterScrape(100*float64(i), 100*cachedShare*float64(i), 10*float64(i)), nil)
 	}
+}
+
+// testFleet is a fleet runtime serving the given servers.
+func testFleet(t0 time.Time, addrs ...string) *fleet.Model {
+	f := fleet.New("m", time.Second, t0, nil)
+	var reps []selection.Replica
+	for _, a := range addrs {
+		reps = append(reps, selection.Replica{ID: a, Address: a})
+	}
+	f.Apply(f.Prepare(fleet.Spec{Replicas: reps, MetricsInterval: time.Second}))
+	return f
 }
 
 func TestHourStats(t *testing.T) {
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	h := metricsfeed.NewHistory(historyRetention, time.Second)
-	feed(h, "a", t0, 60, 0.75)
+	f := testFleet(t0, "127.0.0.1:1")
+	feed(f, "127.0.0.1:1", t0, 60, 0.75)
 	now := t0.Add(60 * time.Second)
 
-	st := hourStats(h, now, statsStep, []metricsfeed.Source{metricsfeed.WholeTarget("a")})
+	st := hourStats(f, now, statsStep)
 	if len(st.At) == 0 || len(st.Cached) != len(st.At) || len(st.Computed) != len(st.At) || len(st.Generation) != len(st.At) {
 		t.Fatalf("columns of unequal or zero length: %+v", st)
 	}
-	if st.StepSeconds != statsStep.Seconds() || st.WindowSeconds != historyRetention.Seconds() {
+	if st.StepSeconds != statsStep.Seconds() || st.WindowSeconds != fleet.HistoryRetention.Seconds() {
 		t.Errorf("step %v s, window %v s", st.StepSeconds, st.WindowSeconds)
 	}
 	for i, at := range st.At {
@@ -192,7 +205,7 @@ func TestHourStats(t *testing.T) {
 	}
 
 	// Samples older than the hour are neither charted nor counted.
-	late := hourStats(h, now.Add(2*historyRetention), statsStep, []metricsfeed.Source{metricsfeed.WholeTarget("a")})
+	late := hourStats(f, now.Add(2*fleet.HistoryRetention), statsStep)
 	if len(late.At) != 0 || late.HitShare != 0 {
 		t.Errorf("two hours later: %d steps, hit share %v; want none", len(late.At), late.HitShare)
 	}
@@ -202,14 +215,16 @@ func TestHourStats(t *testing.T) {
 // words and the traffic of its replicas only.
 func TestPanelDataOfLiveModel(t *testing.T) {
 	cfg := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}, MaxNumSeqs: 32}
-	m, err := loadModel("panel-unit", cfg, zap.NewNop())
+	l, err := loadModel("panel-unit", cfg, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = models.Delete("panel-unit") })
+	l.model.activate(l)
+	t.Cleanup(func() { l.model.deactivate(l) })
 	now := time.Now()
-	feed(m.history, "127.0.0.1:9", now.Add(-30*time.Second), 30, 0.5)
-	feed(m.history, "127.0.0.1:10", now.Add(-30*time.Second), 30, 1) // not a replica of the model
+	feed(l.model.fleet, "127.0.0.1:9", now.Add(-30*time.Second), 30, 0.5)
+	feed(l.model.fleet, "127.0.0.1:10", now.Add(-30*time.Second), 30, 1) // not a replica of the model
 
 	data := panelData(now.Add(3 * time.Minute))
 	var got *PanelModel
@@ -236,18 +251,19 @@ func TestPanelDataOfLiveModel(t *testing.T) {
 // of one panel refresh per model.
 func BenchmarkHourStats(b *testing.B) {
 	const engines = 4
-	h := metricsfeed.NewHistory(historyRetention, time.Second)
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	var sources []metricsfeed.Source
+	var targets []string
 	for e := range engines {
-		target := fmt.Sprintf("127.0.0.1:%d", 8001+e)
-		feed(h, target, t0, int(historyRetention/time.Second), 0.8)
-		sources = append(sources, metricsfeed.WholeTarget(target))
+		targets = append(targets, fmt.Sprintf("127.0.0.1:%d", 8001+e))
 	}
-	now := t0.Add(historyRetention)
+	f := testFleet(t0, targets...)
+	for _, target := range targets {
+		feed(f, target, t0, int(fleet.HistoryRetention/time.Second), 0.8)
+	}
+	now := t0.Add(fleet.HistoryRetention)
 	var st PanelStats
 	for b.Loop() {
-		st = hourStats(h, now, statsStep, sources)
+		st = hourStats(f, now, statsStep)
 	}
 	data, err := json.Marshal(st)
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
-	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/fleet"
 )
 
 // panelRefresh is how often the panel page fetches its JSON again.
@@ -56,37 +56,35 @@ type PanelStats struct {
 // panelData assembles the panel of every live model at now.
 func panelData(now time.Time) PanelData {
 	out := PanelData{GeneratedAt: now, RefreshMS: panelRefresh.Milliseconds(), Models: []PanelModel{}}
-	for _, name := range modelNames() {
-		if m, ok := lookupModel(name); ok {
-			out.Models = append(out.Models, m.panel(now))
-		}
+	for _, l := range appliedModels() {
+		out.Models = append(out.Models, l.panel(now))
 	}
 	return out
 }
 
 // panel is the model's part of the panel at now.
-func (m *model) panel(now time.Time) PanelModel {
-	st := m.status(now)
+func (l *modelLoad) panel(now time.Time) PanelModel {
+	st := l.status(now)
 	return PanelModel{
 		ModelStatus: st,
 		SinceHuman:  humanize.RelTime(st.Since, now, "ago", "from now"),
-		Stats:       hourStats(m.history, now, max(statsStep, m.config().metricsInterval()), m.sources()),
+		Stats:       hourStats(l.model.fleet, now, max(statsStep, l.plan.MetricsInterval())),
 	}
 }
 
-// hourStats is the traffic of the sources over the history's last hour, one
-// point per step.
-func hourStats(h *metricsfeed.History, now time.Time, step time.Duration, sources []metricsfeed.Source) PanelStats {
+// hourStats is the model's traffic over the history's last hour, one point
+// per step.
+func hourStats(f *fleet.Model, now time.Time, step time.Duration) PanelStats {
 	out := PanelStats{
 		StepSeconds:   step.Seconds(),
-		WindowSeconds: historyRetention.Seconds(),
+		WindowSeconds: fleet.HistoryRetention.Seconds(),
 		At:            []int64{},
 		Cached:        []float64{},
 		Computed:      []float64{},
 		Generation:    []float64{},
 	}
-	from := now.Add(-historyRetention)
-	for _, p := range h.Series(step, sources...) {
+	from := now.Add(-fleet.HistoryRetention)
+	for _, p := range f.Series(step) {
 		if p.At.Before(from) || p.At.After(now) {
 			continue
 		}
@@ -95,7 +93,7 @@ func hourStats(h *metricsfeed.History, now time.Time, step time.Duration, source
 		out.Computed = append(out.Computed, roundRate(p.ComputedPerSec))
 		out.Generation = append(out.Generation, roundRate(p.GenPerSec))
 	}
-	if rates, ok := h.Rates(now, historyRetention, sources...); ok && rates.PromptPerSec > 0 {
+	if rates, ok := f.Rates(now, fleet.HistoryRetention); ok && rates.PromptPerSec > 0 {
 		out.HitShare = min(rates.CachedPerSec/rates.PromptPerSec, 1)
 	}
 	return out

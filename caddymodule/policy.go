@@ -35,17 +35,20 @@ const (
 	varRank     = "warden.rank"
 	varReplica  = "warden.replica"
 	varOutcome  = "warden.outcome"
-	varInFlight = "warden.in_flight" // *inFlight, internal
+	varInFlight = "warden.in_flight" // *inFlight, internal; renders as ""
 )
 
 // Policy is the `warden` load-balancing policy of reverse_proxy: it keeps
-// each conversation on the replica that holds its prefix cache, places new
-// conversations on the least-loaded replica and spills over a threshold.
+// each session on the replica that holds its prefix cache, places new
+// sessions on the least-loaded replica and spills over a threshold. It
+// routes with the settings of the config it belongs to, even while a newer
+// config takes over.
 type Policy struct {
 	// Model names a model of the warden app.
 	Model string `json:"model"`
 
-	model  *model
+	cfg    *ModelConfig
+	view   *selection.View
 	logger *zap.Logger
 	warned *sync.Map // replica addresses reported as missing from the pool
 }
@@ -75,30 +78,42 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// Provision finds the policy's model in the warden app.
+// Provision finds the policy's model in the warden app of its own config.
 func (p *Policy) Provision(ctx caddy.Context) error {
 	p.logger = ctx.Logger()
 	p.warned = new(sync.Map)
-	appIface, err := ctx.App("warden")
+	l, err := modelOfConfig(ctx, p.Model, "lb_policy warden")
 	if err != nil {
-		return fmt.Errorf("loading warden app: %v", err)
+		return err
 	}
-	m, ok := appIface.(*App).model(p.Model)
-	if !ok {
-		return fmt.Errorf("lb_policy warden: unknown model %q; declare it in the global warden option", p.Model)
-	}
-	p.model = m
+	p.cfg, p.view = l.cfg, l.plan.View()
 	return nil
+}
+
+// modelOfConfig is the named model of ctx's warden app.
+func modelOfConfig(ctx caddy.Context, name, user string) (*modelLoad, error) {
+	app, err := ctx.App("warden")
+	if err != nil {
+		return nil, fmt.Errorf("%s: loading the warden app: %v", user, err)
+	}
+	l, ok := app.(*App).load(name)
+	if !ok {
+		return nil, fmt.Errorf("%s: unknown model %q; declare it in the global warden option", user, name)
+	}
+	return l, nil
 }
 
 // inFlight holds a request's current decision, so that a retry gives back
 // the failed try's in-flight count and the request's end gives back the
-// last. It also keeps the session key, read once per request.
+// last. It also keeps the session key, read once per request; String hides
+// it from placeholders such as {http.vars.warden.in_flight}.
 type inFlight struct {
 	key string
 	mu  sync.Mutex
 	d   selection.Decision
 }
+
+func (*inFlight) String() string { return "" }
 
 func (f *inFlight) set(d selection.Decision) {
 	f.mu.Lock()
@@ -114,7 +129,7 @@ func (f *inFlight) release() { f.set(selection.Decision{}) }
 // try of every request, so it does no I/O beyond the optional bounded body
 // scan on the first try.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
-	cfg := p.model.config()
+	cfg := p.cfg
 	ctx := r.Context()
 	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inFlight)
 	if !retry {
@@ -124,19 +139,18 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 	}
 	req := selection.Request{
 		Key:           held.key,
-		PromptBytes:   r.ContentLength,
 		ClientReplica: clientReplica(r, cfg),
 		Usable:        func(addr string) bool { u := upstreamFor(pool, addr); return u != nil && u.Available() },
 		Now:           time.Now(),
 	}
-	if cfg.Server != nil && !p.model.router.Affinity() {
+	if cfg.Server != nil && !p.view.Affinity() {
 		// Affinity off with internal DP: vLLM's own balancer decides.
 		held.set(selection.Decision{})
 		r.Header.Del(RankHeader)
 		caddyhttp.SetVar(ctx, varOutcome, "delegated")
 		return upstreamFor(pool, cfg.Server.Address)
 	}
-	d := p.model.router.Pick(req)
+	d := p.view.Pick(req)
 	held.set(d)
 	rep, ok := d.Replica()
 	if !ok {

@@ -114,8 +114,8 @@ type process struct {
 }
 
 // loadProcesses takes a reference on each process of the model, creating
-// the ones not running yet, and routes their output to logger.
-func loadProcesses(model string, cfg *ModelConfig, logger *zap.Logger) ([]process, error) {
+// (not starting) the ones not running yet.
+func loadProcesses(model string, cfg *ModelConfig) ([]process, error) {
 	var out []process
 	for addr, spec := range cfg.processSpecs() {
 		if err := spec.Validate(); err != nil {
@@ -130,16 +130,23 @@ func loadProcesses(model string, cfg *ModelConfig, logger *zap.Logger) ([]proces
 			releaseProcesses(out)
 			return nil, fmt.Errorf("model %q, server %s: %v", model, addr, err)
 		}
-		sup := v.(*supervise.Supervisor)
-		log := logger.With(zap.String("model", model), zap.String("replica", addr))
-		sup.SetCallbacks(
-			func(stream supervise.Stream, line string) { log.Info(line, zap.String("stream", string(stream))) },
-			func(st supervise.State) {
-				log.Info("process "+string(st.State), zap.Int("pid", st.PID), zap.Int("restarts", st.Restarts), zap.String("error", st.Error))
-			})
-		out = append(out, process{key: key, addr: addr, sup: sup})
+		out = append(out, process{key: key, addr: addr, sup: v.(*supervise.Supervisor)})
 	}
 	return out, nil
+}
+
+// logTo routes the process's output and state changes to logger's
+// "process" child: output at debug with a constant message, as vLLM writes
+// a line per request; state changes at info.
+func (p process) logTo(logger *zap.Logger, model string) {
+	log := logger.Named("process").With(zap.String("model", model), zap.String("server", p.addr))
+	p.sup.SetCallbacks(
+		func(stream supervise.Stream, line string) {
+			log.Debug("output", zap.String("stream", string(stream)), zap.String("line", line))
+		},
+		func(st supervise.State) {
+			log.Info("state", zap.String("state", string(st.State)), zap.Int("pid", st.PID), zap.Int("restarts", st.Restarts), zap.String("error", st.Error))
+		})
 }
 
 // releaseProcesses drops the references, in parallel: a process whose last

@@ -14,7 +14,6 @@ type ModelStatus struct {
 	Model              string          `json:"model"`
 	Mode               string          `json:"mode"` // "replicas" or "ranks"
 	Affinity           bool            `json:"affinity"`
-	Rule               string          `json:"rule"`
 	SpillThreshold     int             `json:"spill_threshold"`
 	SpillThresholdAuto bool            `json:"spill_threshold_auto"`
 	MaxNumSeqs         int             `json:"max_num_seqs"`
@@ -43,7 +42,6 @@ type ReplicaStatus struct {
 	Placed         uint64  `json:"placed"`
 	Replaced       uint64  `json:"replaced"`
 	Unpinned       uint64  `json:"unpinned"`
-	Moved          uint64  `json:"moved"`
 	Running        float64 `json:"running"`
 	Waiting        float64 `json:"waiting"`
 	KVUsed         float64 `json:"kv_used"`
@@ -57,15 +55,15 @@ type ReplicaStatus struct {
 	Process *supervise.State `json:"process,omitempty"`
 }
 
-// status assembles the model's panel from its router, metrics and health.
-func (m *model) status(now time.Time) ModelStatus {
-	st := m.router.Status()
-	cfg := m.config()
+// status assembles the model's panel from the load's routing view and the
+// model's metrics and health.
+func (l *modelLoad) status(now time.Time) ModelStatus {
+	st := l.plan.View().Status()
+	f := l.model.fleet
 	out := ModelStatus{
 		Model:              st.Model,
 		Mode:               "replicas",
 		Affinity:           st.Affinity,
-		Rule:               st.Rule,
 		SpillThreshold:     st.SpillThreshold,
 		SpillThresholdAuto: st.SpillThresholdAuto,
 		MaxNumSeqs:         st.MaxNumSeqs,
@@ -80,7 +78,7 @@ func (m *model) status(now time.Time) ModelStatus {
 		Since:              st.Since,
 		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
 	}
-	if cfg.Server != nil {
+	if l.cfg.Server != nil {
 		out.Mode = "ranks"
 	}
 	for _, rs := range st.Replicas {
@@ -95,7 +93,6 @@ func (m *model) status(now time.Time) ModelStatus {
 			Placed:         rs.Placed,
 			Replaced:       rs.Replaced,
 			Unpinned:       rs.Unpinned,
-			Moved:          rs.Moved,
 			Running:        rs.Load.Running,
 			Waiting:        rs.Load.Waiting,
 			KVUsed:         rs.Load.KVUsage,
@@ -104,16 +101,16 @@ func (m *model) status(now time.Time) ModelStatus {
 			Sessions:       rs.Sessions,
 			ActiveSessions: rs.ActiveSessions,
 		}
-		if rates, ok := m.history.Rates(now, hitRateWindow, source(rs.Replica)); ok {
+		if rates, ok := f.ReplicaRates(rs.Replica, now, hitRateWindow); ok {
 			row.PrefixHitRate = rates.HitRate()
 		}
-		if t := m.tracker(rs.Address); t != nil {
-			row.Health = t.State(now).String()
+		if h, ok := f.Health(rs.Address, now); ok {
+			row.Health = h.String()
 		}
-		row.Process = m.processState(rs.Address)
+		row.Process = l.processState(rs.Address)
 		out.Replicas = append(out.Replicas, row)
 	}
-	if rates, ok := m.history.Rates(now, hitRateWindow, m.sources()...); ok {
+	if rates, ok := f.Rates(now, hitRateWindow); ok {
 		out.PrefixHitRate = rates.HitRate()
 	}
 	return out

@@ -11,7 +11,7 @@ const (
 	benchConversations = 100_000
 )
 
-func benchRouter(b *testing.B) (*Router, []string) {
+func benchRouter(b *testing.B) (testRouter, []string) {
 	r := newTestRouter(benchReplicas, Config{MaxSessions: 2 * benchConversations})
 	keys := make([]string, benchConversations)
 	for i := range keys {

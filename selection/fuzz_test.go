@@ -15,18 +15,37 @@ import (
 
 var floodStart = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
-func floodRouter(replicas, maxSessions int) *selection.Router {
+// floodRouter is a router and the view of its current config.
+type floodRouter struct {
+	*selection.Router
+	view *selection.View
+	cfg  selection.Config
+}
+
+func newFloodRouter(replicas, maxSessions int) *floodRouter {
 	reps := make([]selection.Replica, replicas)
 	for i := range reps {
 		addr := "127.0.0.1:" + strconv.Itoa(8001+i)
 		reps[i] = selection.Replica{ID: addr, Address: addr}
 	}
-	r := selection.NewRouter("m", selection.Config{Affinity: true, MaxSessions: maxSessions}, reps, floodStart)
+	r := &floodRouter{Router: selection.NewRouter("m", floodStart)}
+	r.reload(selection.Config{Affinity: true, MaxSessions: maxSessions}, reps)
 	for _, rep := range reps {
 		r.SetLoad(rep.ID, selection.Load{Known: true})
 	}
 	return r
 }
+
+// reload applies a config as a successful config load does.
+func (r *floodRouter) reload(cfg selection.Config, replicas []selection.Replica) {
+	r.cfg = cfg
+	r.view = r.View(cfg, replicas)
+	r.Apply(r.view)
+}
+
+func (r *floodRouter) Pick(req selection.Request) selection.Decision { return r.view.Pick(req) }
+func (r *floodRouter) Status() selection.Status                      { return r.view.Status() }
+func (r *floodRouter) Replicas() []selection.Replica                 { return r.view.Replicas() }
 
 // tableBound is how many conversations the table may hold.
 func tableBound(maxSessions int) int64 {
@@ -42,7 +61,7 @@ func TestMillionSessionFlood(t *testing.T) {
 		t.Skip("a million placements")
 	}
 	const flood, maxSessions = 1_000_000, 100_000
-	r := floodRouter(4, maxSessions)
+	r := newFloodRouter(4, maxSessions)
 	heap := func(collect bool) uint64 {
 		if collect {
 			runtime.GC()
@@ -102,7 +121,7 @@ func inFleet(held []selection.Decision, fleet []selection.Replica) int64 {
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
 // FuzzRouter plays arbitrary sequences of requests, releases, health and
-// fleet changes, capacity changes and sweeps. Whatever the sequence, the
+// fleet changes, reloads (applied or rejected) and sweeps. Whatever the sequence, the
 // router must not panic, must count exactly the requests still in flight,
 // must keep the table within its bound, and must give every in-flight
 // count back once all requests end.
@@ -112,7 +131,7 @@ func FuzzRouter(f *testing.F) {
 	f.Add([]byte("flood flood flood of keys and releases"))
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const maxSessions = 8
-		r := floodRouter(3, maxSessions)
+		r := newFloodRouter(3, maxSessions)
 		replicas := r.Replicas()
 		var held []selection.Decision
 		fleet := len(replicas) // the fleet is replicas[:fleet]
@@ -140,16 +159,18 @@ func FuzzRouter(f *testing.F) {
 				r.SetLoad(replicas[arg%len(replicas)].ID, selection.Load{Known: arg&4 == 0, Running: float64(arg), KVUsage: float64(arg) / 16})
 			case 10: // the fleet shrinks or comes back whole
 				fleet = 1 + arg%len(replicas)
-				r.SetReplicas(replicas[:fleet])
+				r.reload(r.cfg, replicas[:fleet])
 			case 11:
-				r.Configure(selection.Config{Affinity: arg&1 == 0, MaxSessions: 1 + arg, SessionTTL: time.Minute})
-			case 12:
-				r.SetAffinity(arg&1 == 0)
+				r.reload(selection.Config{Affinity: arg&1 == 0, MaxSessions: 1 + arg, SessionTTL: time.Minute}, replicas[:fleet])
+			case 12: // a rejected reload: a view made and dropped
+				r.View(selection.Config{MaxSessions: 1 + arg}, replicas[:1+arg%len(replicas)])
 			case 13:
-				r.SetSpillThreshold(arg % 4)
+				cfg := r.cfg
+				cfg.SpillThreshold = arg % 4
+				r.reload(cfg, replicas[:fleet])
 			case 14:
 				now = now.Add(time.Duration(arg) * 10 * time.Second)
-				r.Sweep(now)
+				r.view.Sweep(now)
 			case 15: // a client picks a replica
 				d := r.Pick(selection.Request{Key: "conv-" + strconv.Itoa(arg), ClientReplica: replicas[arg%len(replicas)].ID, Now: now})
 				if _, ok := d.Replica(); ok {
@@ -172,7 +193,7 @@ func FuzzRouter(f *testing.F) {
 		for _, d := range held {
 			d.Release()
 		}
-		r.SetReplicas(replicas)
+		r.reload(r.cfg, replicas)
 		if st := r.Status(); st.InFlight != 0 {
 			t.Fatalf("%d still in flight after every request ended", st.InFlight)
 		}
@@ -181,11 +202,9 @@ func FuzzRouter(f *testing.F) {
 
 // A replica dropped by one config and listed again by the next (two
 // reloads while its streams run) is the same replica: it must still count
-// the requests it is serving and keep its conversations. Fails today:
-// SetReplicas gives it fresh state (in flight 0, no conversations, counters
-// at 0) and its conversations are re-placed. FuzzRouter found it.
+// the requests it is serving and keep its sessions. FuzzRouter found it.
 func TestReaddedReplicaKeepsItsState(t *testing.T) {
-	r := floodRouter(2, 100)
+	r := newFloodRouter(2, 100)
 	all := r.Replicas()
 	streaming := r.Pick(selection.Request{Key: "conv", Now: floodStart})
 	rep, _ := streaming.Replica()
@@ -195,8 +214,8 @@ func TestReaddedReplicaKeepsItsState(t *testing.T) {
 			without = append(without, x)
 		}
 	}
-	r.SetReplicas(without)
-	r.SetReplicas(all)
+	r.reload(r.cfg, without)
+	r.reload(r.cfg, all)
 	for _, rs := range r.Status().Replicas {
 		if rs.ID == rep.ID && (rs.InFlight != 1 || rs.Sessions != 1 || rs.Placed != 1) {
 			t.Errorf("%s back in the fleet: in flight %d, conversations %d, placed %d; want 1, 1, 1", rs.ID, rs.InFlight, rs.Sessions, rs.Placed)

@@ -6,8 +6,8 @@ import (
 
 // Request is what the router needs to know about one request.
 type Request struct {
-	// Key identifies the conversation (a session header value); empty when
-	// the request carries none.
+	// Key identifies the session (a session header value); empty when the
+	// request carries none.
 	Key string
 	// ClientReplica is a replica ID the client asked for (client pinning);
 	// empty when it asked for none or is not allowed to.
@@ -15,10 +15,7 @@ type Request struct {
 	// Usable reports whether the proxy can reach an upstream address now
 	// (Caddy's own health and max_requests); nil means every address.
 	Usable func(address string) bool
-	// PromptBytes is the size of the request body (Content-Length), 0 when
-	// unknown; RuleCacheFit estimates the prompt's tokens from it.
-	PromptBytes int64
-	Now         time.Time
+	Now    time.Time
 }
 
 // Outcome says why a replica was chosen.
@@ -28,11 +25,11 @@ type Outcome uint8
 const (
 	// NoReplica: nothing usable; the request cannot be served.
 	NoReplica Outcome = iota
-	// Sticky: the conversation's pinned replica.
+	// Sticky: the session's pinned replica.
 	Sticky
-	// Placed: a new conversation, pinned to the least-loaded replica.
+	// Placed: a new session, pinned to the least-loaded replica.
 	Placed
-	// Replaced: the pin was unusable; the conversation was pinned anew.
+	// Replaced: the pin was unusable; the session was pinned anew.
 	Replaced
 	// Spilled: the pin was over its spill threshold; this one request went
 	// to the least-loaded replica and the pin stays.
@@ -41,24 +38,22 @@ const (
 	ClientPinned
 	// Unpinned: no key, or affinity off: placed by load alone.
 	Unpinned
-	// Moved: the pin had most likely evicted the conversation's prefix
-	// (RuleCacheFit); it was pinned anew by load.
-	Moved
+	numOutcomes
 )
 
-var outcomeNames = [...]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "moved"}
+var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned"}
 
-func (o Outcome) String() string { return outcomeNames[o] }
+func (o Outcome) String() string {
+	if o >= numOutcomes {
+		return "unknown"
+	}
+	return outcomeNames[o]
+}
 
 // Decision is the replica chosen for a request. Its in-flight count includes
 // the request until Release is called, exactly once.
 type Decision struct {
-	rep *replicaState
-	// conv is the conversation whose pin took the request, to mark when its
-	// blocks become evictable again; nil otherwise.
-	conv *session
-	// tokens is the request's estimated prompt tokens, 0 when unknown.
-	tokens  int64
+	rep     *replicaState
 	Outcome Outcome
 }
 
@@ -73,23 +68,18 @@ func (d Decision) Replica() (rep Replica, ok bool) {
 // Release gives back the request's in-flight count when it ends, however
 // it ends.
 func (d Decision) Release() {
-	if d.rep == nil {
-		return
-	}
-	d.rep.inFlight.Add(-1)
-	held := d.rep.held.Add(-d.tokens)
-	if d.conv != nil {
-		d.conv.evictedAt.Store(evictionPoint(d.rep, held, d.tokens))
+	if d.rep != nil {
+		d.rep.inFlight.Add(-1)
 	}
 }
 
 // Pick chooses the replica for a request and counts it in flight there, in
 // the same step as the choice.
-func (r *Router) Pick(req Request) Decision {
+func (v *View) Pick(req Request) Decision {
+	r := v.router
 	r.requests.Add(1)
-	f := r.fleet.Load()
 	if req.ClientReplica != "" {
-		if s := f.byID[req.ClientReplica]; s != nil && s.usable() && usableBy(req.Usable, s) {
+		if s := v.byID[req.ClientReplica]; s != nil && s.healthy.Load() && usableBy(req.Usable, s) {
 			s.inFlight.Add(1)
 			s.clientPinned.Add(1)
 			return Decision{rep: s, Outcome: ClientPinned}
@@ -97,144 +87,100 @@ func (r *Router) Pick(req Request) Decision {
 	}
 	if req.Key == "" {
 		r.unkeyed.Add(1)
-		return r.pickByLoad(f, req, 0)
+		return v.pickByLoad(req, 0)
 	}
 	key := HashKey(req.Key)
-	if !r.affinity.Load() {
-		return r.pickByLoad(f, req, key)
+	if !v.cfg.Affinity {
+		return v.pickByLoad(req, key)
 	}
 	now := req.Now.UnixNano()
-	tokens := r.promptTokens(req)
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
-	e := sh.touch(key, now, r.ttl.Load())
-	if e == nil {
+	e := sh.touch(key, now, int64(v.cfg.SessionTTL))
+	if e == nil || !v.usable(e.pin, req.Usable) {
 		sh.mu.Unlock()
-		return r.place(f, req, key, now, tokens)
+		return v.pinByLoad(req, key, now)
 	}
 	pin := e.pin
-	if !pin.usable() || !usableBy(req.Usable, pin) {
-		sh.mu.Unlock()
-		return r.replace(f, req, key, now, tokens)
-	}
-	if rule(r.rule.Load()) == ruleCacheFit && likelyEvicted(e) {
-		sh.mu.Unlock()
-		return r.move(f, req, key, now, tokens)
-	}
-	threshold, _ := r.SpillThreshold()
+	threshold, _ := v.SpillThreshold()
 	if pin.inFlight.Add(1)-1 <= int64(threshold) {
 		pin.sticky.Add(1)
-		account(e, pin, tokens, true)
 		sh.mu.Unlock()
-		return Decision{rep: pin, conv: e, tokens: tokens, Outcome: Sticky}
+		return Decision{rep: pin, Outcome: Sticky}
 	}
 	pin.inFlight.Add(-1)
 	sh.mu.Unlock()
-	return r.spill(f, req, key, pin, tokens)
+	return v.spill(req, key, pin)
 }
 
-// place pins a new conversation to the least-loaded replica.
-func (r *Router) place(f *fleet, req Request, key uint64, now, tokens int64) Decision {
-	return r.pinByLoad(f, req, key, now, tokens, false)
+// usable reports whether s may take a request of this view now.
+func (v *View) usable(s *replicaState, proxyUsable func(string) bool) bool {
+	return s.healthy.Load() && v.has(s) && usableBy(proxyUsable, s)
 }
 
-// pinByLoad pins a conversation to the least-loaded replica: a new one, or
-// with evicted set one whose pin likely evicted it (kept if the pin is still
-// the least loaded). A conversation already known is moved, not counted as
-// a new one.
-func (r *Router) pinByLoad(f *fleet, req Request, key uint64, now, tokens int64, evicted bool) Decision {
+// pinByLoad pins a session to the least-loaded replica: a new one (Placed),
+// or one whose pin is unusable (Replaced).
+func (v *View) pinByLoad(req Request, key uint64, now int64) Decision {
+	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.touch(key, now, r.ttl.Load())
-	// Another request of the same conversation may have placed it meanwhile.
-	if e != nil && !evicted && e.pin.usable() && usableBy(req.Usable, e.pin) {
+	e := sh.touch(key, now, int64(v.cfg.SessionTTL))
+	// Another request of the same session may have placed it meanwhile.
+	if e != nil && v.usable(e.pin, req.Usable) {
 		e.pin.inFlight.Add(1)
 		e.pin.sticky.Add(1)
-		account(e, e.pin, tokens, true)
-		return Decision{rep: e.pin, conv: e, tokens: tokens, Outcome: Sticky}
+		return Decision{rep: e.pin, Outcome: Sticky}
 	}
-	s := r.leastLoaded(f, req.Usable, key, true)
+	s := v.leastLoaded(req.Usable, key, true)
 	if s == nil {
 		r.noReplica.Add(1)
 		return Decision{}
 	}
 	outcome := Placed
-	switch {
-	case e == nil:
+	if e == nil {
 		var dropped int
-		e, dropped = sh.insert(key, s, now)
+		_, dropped = sh.insert(key, s, now)
 		r.evicted.Add(uint64(dropped))
 		s.placed.Add(1)
-	case evicted:
-		outcome = Moved
-		if s != e.pin {
-			e.repin(s)
-		}
-		s.moved.Add(1)
-	default:
+	} else {
 		outcome = Replaced
 		e.repin(s)
 		s.replaced.Add(1)
 	}
 	s.inFlight.Add(1)
-	s.sticky.Add(1)
-	account(e, s, tokens, false)
-	return Decision{rep: s, conv: e, tokens: tokens, Outcome: outcome}
-}
-
-// replace pins a conversation whose replica became unusable elsewhere.
-func (r *Router) replace(f *fleet, req Request, key uint64, now, tokens int64) Decision {
-	return r.pinByLoad(f, req, key, now, tokens, false)
-}
-
-// move pins anew a conversation whose pin likely evicted its prefix.
-func (r *Router) move(f *fleet, req Request, key uint64, now, tokens int64) Decision {
-	return r.pinByLoad(f, req, key, now, tokens, true)
+	return Decision{rep: s, Outcome: outcome}
 }
 
 // spill sends one request of an overloaded pin to the least-loaded replica,
 // unless the pin is itself the least loaded.
-func (r *Router) spill(f *fleet, req Request, key uint64, pin *replicaState, tokens int64) Decision {
+func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
+	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
-	s := r.leastLoaded(f, req.Usable, key, false)
-	if s == nil || s == pin || cost(s, r.spillWeight(), false) >= cost(pin, r.spillWeight(), false) {
-		return r.stickAfterAll(pin, key, req.Now.UnixNano(), tokens)
+	weight := v.spillWeight()
+	s := v.leastLoaded(req.Usable, key, false)
+	if s == nil || s == pin || cost(s, weight, false) >= cost(pin, weight, false) {
+		pin.inFlight.Add(1)
+		pin.sticky.Add(1)
+		return Decision{rep: pin, Outcome: Sticky}
 	}
 	s.inFlight.Add(1)
 	s.spilledIn.Add(1)
-	s.allocated.Add(tokens) // a stranger there: the whole prompt is computed
-	s.held.Add(tokens)
-	return Decision{rep: s, tokens: tokens, Outcome: Spilled}
-}
-
-// stickAfterAll serves a request on its pin when spilling found nothing lighter.
-func (r *Router) stickAfterAll(pin *replicaState, key uint64, now, tokens int64) Decision {
-	sh := r.sessions.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	pin.inFlight.Add(1)
-	pin.sticky.Add(1)
-	e := sh.touch(key, now, r.ttl.Load())
-	if e == nil || e.pin != pin {
-		pin.held.Add(tokens)
-		return Decision{rep: pin, tokens: tokens, Outcome: Sticky}
-	}
-	account(e, pin, tokens, true)
-	return Decision{rep: pin, conv: e, tokens: tokens, Outcome: Sticky}
+	return Decision{rep: s, Outcome: Spilled}
 }
 
 // pickByLoad serves a request that has no pin to honour.
-func (r *Router) pickByLoad(f *fleet, req Request, key uint64) Decision {
+func (v *View) pickByLoad(req Request, key uint64) Decision {
+	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
 	if key == 0 {
 		key = r.requests.Load() // rotate ties among equally loaded replicas
 	}
-	s := r.leastLoaded(f, req.Usable, key, false)
+	s := v.leastLoaded(req.Usable, key, false)
 	if s == nil {
 		r.noReplica.Add(1)
 		return Decision{}
@@ -244,8 +190,8 @@ func (r *Router) pickByLoad(f *fleet, req Request, key uint64) Decision {
 	return Decision{rep: s, Outcome: Unpinned}
 }
 
-func (r *Router) spillWeight() float64 {
-	n, _ := r.SpillThreshold()
+func (v *View) spillWeight() float64 {
+	n, _ := v.SpillThreshold()
 	return float64(n)
 }
 

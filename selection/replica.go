@@ -25,9 +25,6 @@ type Load struct {
 	Waiting float64
 	// KVUsage is the fraction of KV-cache blocks in use, 0..1.
 	KVUsage float64
-	// KVCapacityTokens is how many tokens the replica's KV cache holds
-	// (block_size × num_gpu_blocks of vllm:cache_config_info), 0 if unknown.
-	KVCapacityTokens float64
 	// Known is false when the metrics are missing, stale or invalid: the
 	// replica is then scored as full, never as idle.
 	Known bool
@@ -48,23 +45,15 @@ type replicaState struct {
 	idHash uint64 // for rendezvous tie-breaks
 
 	inFlight atomic.Int64
-	// allocated counts the KV tokens our requests made the replica allocate
-	// (their prompts minus what was estimated cached), a clock of eviction.
-	allocated atomic.Int64
-	// held is the estimated prompt tokens of our requests in flight: KV
-	// blocks they use or will use, which nothing can evict.
-	held     atomic.Int64
-	sessions atomic.Int64 // pinned conversations in the table
+	sessions atomic.Int64 // pinned sessions in the table
 	active   atomic.Int64 // of those, used within the active window
 	load     atomic.Pointer[Load]
 	healthy  atomic.Bool
-	removed  atomic.Bool // no longer part of the fleet
 
-	sticky       atomic.Uint64 // requests served here as the conversation's pin
-	placed       atomic.Uint64 // new conversations pinned here
-	replaced     atomic.Uint64 // conversations moved here from an unhealthy pin
-	moved        atomic.Uint64 // conversations moved here as likely evicted from their pin
-	spilledIn    atomic.Uint64 // requests of conversations pinned elsewhere
+	sticky       atomic.Uint64 // requests served here as the session's pin
+	placed       atomic.Uint64 // new sessions pinned here
+	replaced     atomic.Uint64 // sessions moved here from an unusable pin
+	spilledIn    atomic.Uint64 // requests of sessions pinned elsewhere
 	clientPinned atomic.Uint64 // requests whose client chose this replica
 	unpinned     atomic.Uint64 // requests placed by load alone (unkeyed, affinity off)
 }
@@ -72,12 +61,8 @@ type replicaState struct {
 func newReplicaState(r Replica) *replicaState {
 	s := &replicaState{Replica: r, idHash: HashKey(r.ID)}
 	s.load.Store(&unknownLoad)
+	s.healthy.Store(true) // until its metrics say otherwise
 	return s
-}
-
-// usable reports whether the replica may take a request now.
-func (s *replicaState) usable() bool {
-	return s.healthy.Load() && !s.removed.Load()
 }
 
 // setLoad records a scrape. The engine's running+waiting beyond our own
@@ -100,11 +85,6 @@ func (s *replicaState) setLoad(l Load) {
 // since as still running.
 func (s *replicaState) busy() float64 {
 	return float64(s.inFlight.Load()) + s.load.Load().external
-}
-
-// capacityTokens is the KV capacity of the last scrape, 0 when unknown.
-func (s *replicaState) capacityTokens() int64 {
-	return int64(s.load.Load().KVCapacityTokens)
 }
 
 // kvUsage is the KV-cache fill, 1 when unknown.

@@ -1,7 +1,6 @@
 package selection
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,28 +14,23 @@ const (
 	DefaultMaxSessions  = 100_000
 )
 
-// Config is a model's routing configuration.
+// Config is one configuration's routing settings. Each config load has its
+// own, in a View; the Router keeps only state.
 type Config struct {
 	// MaxNumSeqs is vLLM's --max-num-seqs of each replica.
 	MaxNumSeqs int
 	// SpillThreshold is the in-flight count above which a pinned replica
 	// sheds a request; 0 means auto (MaxNumSeqs/4, at least 1).
 	SpillThreshold int
-	// Affinity pins conversations to replicas; off places every request by load.
+	// Affinity pins sessions to replicas; off places every request by load.
 	Affinity bool
-	// SessionTTL forgets a conversation idle that long.
+	// SessionTTL forgets a session idle that long.
 	SessionTTL time.Duration
-	// ActiveWindow is how recently a conversation must have sent a request
-	// to count as load on its replica when placing new conversations.
+	// ActiveWindow is how recently a session must have sent a request to
+	// count as load on its replica when placing new sessions.
 	ActiveWindow time.Duration
 	// MaxSessions bounds the session table; the least recently used go first.
 	MaxSessions int
-	// Rule is the routing rule: RuleSeed (also "", the default) or
-	// RuleCacheFit. An unknown name (see CheckRule) is taken as the default.
-	Rule string
-	// BytesPerToken converts Request.PromptBytes into prompt tokens for
-	// RuleCacheFit; 0 means DefaultBytesPerToken.
-	BytesPerToken float64
 }
 
 func (c Config) withDefaults() Config {
@@ -52,46 +46,30 @@ func (c Config) withDefaults() Config {
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions
 	}
-	if c.BytesPerToken <= 0 {
-		c.BytesPerToken = DefaultBytesPerToken
-	}
 	return c
 }
 
-// AutoSpillThreshold is the seed's default: a quarter of max_num_seqs.
+// AutoSpillThreshold is the default threshold: a quarter of max_num_seqs.
 func AutoSpillThreshold(maxNumSeqs int) int {
 	return max(1, maxNumSeqs/4)
 }
 
-// fleet is an immutable view of a model's replicas, swapped on reconfiguration.
-type fleet struct {
-	replicas []*replicaState
-	byID     map[string]*replicaState
-}
-
-// Router routes one model's requests over its replicas. It is safe for
-// concurrent use; its state is meant to outlive config reloads.
+// Router is the routing state of one model: each replica's in-flight count,
+// load and health, the session table and the counters. It is safe for
+// concurrent use and meant to outlive config loads; the settings a request
+// is routed with come from the View of its own config.
 type Router struct {
 	model string
 	since time.Time
 
-	fleet    atomic.Pointer[fleet]
+	statesMu sync.Mutex
+	states   map[string]*replicaState // by replica ID, every replica an applied view listed
+
 	sessions *sessionTable
 	// placeMu serialises decisions that compare replicas, so that the load a
-	// decision adds is visible to the next one (a burst of new conversations
+	// decision adds is visible to the next one (a burst of new sessions
 	// spreads instead of piling on one replica).
 	placeMu sync.Mutex
-
-	affinity      atomic.Bool
-	spillManual   atomic.Int64 // 0 = auto
-	maxNumSeqs    atomic.Int64
-	ttl           atomic.Int64 // nanoseconds
-	activeWindow  atomic.Int64 // nanoseconds
-	rule          atomic.Uint32
-	bytesPerToken atomic.Uint64 // float64 bits
-
-	configured Config                   // last configuration applied by Configure, under placeMu
-	retired    map[string]*replicaState // removed replicas by ID, under placeMu
 
 	requests  atomic.Uint64
 	unkeyed   atomic.Uint64
@@ -100,129 +78,118 @@ type Router struct {
 	expired   atomic.Uint64
 }
 
-// NewRouter returns a router for model over replicas.
-func NewRouter(model string, cfg Config, replicas []Replica, now time.Time) *Router {
-	cfg = cfg.withDefaults()
-	r := &Router{model: model, since: now, sessions: newSessionTable(cfg.MaxSessions), retired: map[string]*replicaState{}}
-	r.fleet.Store(&fleet{byID: map[string]*replicaState{}})
-	r.apply(cfg, true)
-	r.SetReplicas(replicas)
-	return r
+// NewRouter returns the empty state of model's routing.
+func NewRouter(model string, now time.Time) *Router {
+	return &Router{
+		model:    model,
+		since:    now,
+		states:   map[string]*replicaState{},
+		sessions: newSessionTable(DefaultMaxSessions),
+	}
 }
 
-// Model is the model name the router serves.
-func (r *Router) Model() string { return r.model }
-
-// Configure applies a (re)loaded configuration. A setting whose configured
-// value did not change since the last load keeps its runtime value, so a
-// reload of the same config keeps an affinity or threshold toggled through
-// the admin API.
-func (r *Router) Configure(cfg Config) {
-	r.apply(cfg.withDefaults(), false)
-}
-
-func (r *Router) apply(cfg Config, first bool) {
-	r.placeMu.Lock()
-	defer r.placeMu.Unlock()
-	old := r.configured
-	if first || cfg.Affinity != old.Affinity {
-		r.affinity.Store(cfg.Affinity)
-	}
-	if first || cfg.SpillThreshold != old.SpillThreshold {
-		r.spillManual.Store(int64(max(0, cfg.SpillThreshold)))
-	}
-	r.maxNumSeqs.Store(int64(cfg.MaxNumSeqs))
-	r.ttl.Store(int64(cfg.SessionTTL))
-	r.activeWindow.Store(int64(cfg.ActiveWindow))
-	parsed, _ := parseRule(cfg.Rule)
-	r.rule.Store(uint32(parsed))
-	r.bytesPerToken.Store(math.Float64bits(cfg.BytesPerToken))
-	if first || cfg.MaxSessions != old.MaxSessions {
-		r.sessions.setCapacity(cfg.MaxSessions)
-	}
-	r.configured = cfg
-}
-
-// SetReplicas replaces the fleet. Replicas whose ID is kept keep their
-// counters and conversations; conversations pinned to a removed replica are
-// placed again on their next request, unless it comes back first: a replica
-// listed again takes up its state (streams still in flight, pins, counters).
-func (r *Router) SetReplicas(replicas []Replica) {
-	r.placeMu.Lock()
-	defer r.placeMu.Unlock()
-	old := r.fleet.Load()
-	next := &fleet{byID: make(map[string]*replicaState, len(replicas))}
+// View binds a configuration's settings and replicas to the router's state.
+// Making one changes nothing shared: a replica the router has never had
+// gets a state of its own in the view until Apply adopts it, so a config
+// that is provisioned and then rejected leaves no trace. A view routes as
+// soon as it exists (Caddy may start serving a new config's requests before
+// its apps start), and keeps routing by its own settings while it lives.
+func (r *Router) View(cfg Config, replicas []Replica) *View {
+	v := &View{router: r, cfg: cfg.withDefaults(), byID: make(map[string]*replicaState, len(replicas))}
+	r.statesMu.Lock()
+	defer r.statesMu.Unlock()
 	for _, rep := range replicas {
-		if _, dup := next.byID[rep.ID]; dup {
+		if _, dup := v.byID[rep.ID]; dup {
 			continue
 		}
-		s := old.byID[rep.ID]
-		if s == nil {
-			s = r.retired[rep.ID]
-			delete(r.retired, rep.ID)
-		}
-		if s == nil {
+		s := r.states[rep.ID]
+		if s == nil || s.Replica != rep {
 			s = newReplicaState(rep)
-			s.healthy.Store(true) // until its metrics say otherwise
 		}
-		s.removed.Store(false)
-		next.replicas = append(next.replicas, s)
-		next.byID[rep.ID] = s
+		v.replicas = append(v.replicas, s)
+		v.byID[rep.ID] = s
 	}
-	for id, s := range old.byID {
-		if next.byID[id] == nil {
-			s.removed.Store(true)
-			r.retired[id] = s
-		}
-	}
-	r.fleet.Store(next)
+	return v
 }
 
-// SetAffinity switches affinity at runtime; pins are kept either way.
-func (r *Router) SetAffinity(on bool) { r.affinity.Store(on) }
-
-// Affinity reports whether conversations are pinned.
-func (r *Router) Affinity() bool { return r.affinity.Load() }
-
-// SetSpillThreshold sets a fixed threshold, or auto when n <= 0.
-func (r *Router) SetSpillThreshold(n int) { r.spillManual.Store(int64(max(0, n))) }
-
-// SpillThreshold returns the threshold in force and whether it is automatic.
-func (r *Router) SpillThreshold() (n int, auto bool) {
-	if m := r.spillManual.Load(); m > 0 {
-		return int(m), false
+// Apply makes v the view whose replicas take metrics and health (SetLoad,
+// SetHealthy) and whose settings bound the session table. A replica that
+// leaves keeps its state (streams in flight, pins, counters) in case it is
+// listed again.
+func (r *Router) Apply(v *View) {
+	r.statesMu.Lock()
+	for _, s := range v.replicas {
+		r.states[s.ID] = s
 	}
-	return AutoSpillThreshold(int(r.maxNumSeqs.Load())), true
+	r.statesMu.Unlock()
+	r.sessions.setCapacity(v.cfg.MaxSessions)
+}
+
+func (r *Router) state(id string) *replicaState {
+	r.statesMu.Lock()
+	defer r.statesMu.Unlock()
+	return r.states[id]
 }
 
 // SetLoad records the replica's metrics; unknown IDs are ignored.
 func (r *Router) SetLoad(id string, l Load) {
-	if s := r.fleet.Load().byID[id]; s != nil {
+	if s := r.state(id); s != nil {
 		s.setLoad(l)
 	}
 }
 
 // SetHealthy records whether the replica can take work.
 func (r *Router) SetHealthy(id string, ok bool) {
-	if s := r.fleet.Load().byID[id]; s != nil {
+	if s := r.state(id); s != nil {
 		s.healthy.Store(ok)
 	}
 }
 
-// Replicas lists the current fleet.
-func (r *Router) Replicas() []Replica {
-	f := r.fleet.Load()
-	out := make([]Replica, len(f.replicas))
-	for i, s := range f.replicas {
+// View is one configuration of a model's routing: its settings and its
+// replicas, over the router's shared state. It is immutable.
+type View struct {
+	router   *Router
+	cfg      Config
+	replicas []*replicaState
+	byID     map[string]*replicaState
+}
+
+// Affinity reports whether sessions are pinned.
+func (v *View) Affinity() bool { return v.cfg.Affinity }
+
+// SpillThreshold returns the threshold in force and whether it is automatic.
+func (v *View) SpillThreshold() (n int, auto bool) {
+	if v.cfg.SpillThreshold > 0 {
+		return v.cfg.SpillThreshold, false
+	}
+	return AutoSpillThreshold(v.cfg.MaxNumSeqs), true
+}
+
+// Replicas lists the view's replicas.
+func (v *View) Replicas() []Replica {
+	out := make([]Replica, len(v.replicas))
+	for i, s := range v.replicas {
 		out[i] = s.Replica
 	}
 	return out
 }
 
-// Sweep forgets conversations idle past the TTL and ends the active state of
-// those idle past the active window. Call it periodically (every second).
-func (r *Router) Sweep(now time.Time) {
-	ttl, window := r.ttl.Load(), r.activeWindow.Load()
+// has reports whether s is one of the view's replicas.
+func (v *View) has(s *replicaState) bool {
+	for _, m := range v.replicas {
+		if m == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Sweep forgets sessions idle past the view's TTL and ends the active state
+// of those idle past its active window. Call it periodically (every second)
+// on the applied view.
+func (v *View) Sweep(now time.Time) {
+	r := v.router
+	ttl, window := int64(v.cfg.SessionTTL), int64(v.cfg.ActiveWindow)
 	for i := range r.sessions.shards {
 		sh := &r.sessions.shards[i]
 		sh.mu.Lock()

@@ -18,16 +18,33 @@ func servers(n int) []Replica {
 	return reps
 }
 
-func newTestRouter(n int, cfg Config) *Router {
+// testRouter is a router with one applied view, as one config load makes it.
+type testRouter struct {
+	*View
+	*Router
+}
+
+// Disambiguate the embedded types' methods of the same name.
+func (r testRouter) Pick(req Request) Decision { return r.View.Pick(req) }
+
+func newTestRouter(n int, cfg Config) testRouter {
 	cfg.Affinity = true
-	r := NewRouter("m", cfg, servers(n), t0)
+	router := NewRouter("m", t0)
+	r := testRouter{Router: router}
+	r.reload(cfg, servers(n))
 	for _, rep := range r.Replicas() {
 		r.SetLoad(rep.ID, Load{Known: true})
 	}
 	return r
 }
 
-func pick(t testing.TB, r *Router, key string) Decision {
+// reload applies a new config as a reload does: a new view, applied.
+func (r *testRouter) reload(cfg Config, replicas []Replica) {
+	r.View = r.Router.View(cfg, replicas)
+	r.Apply(r.View)
+}
+
+func pick(t testing.TB, r testRouter, key string) Decision {
 	t.Helper()
 	d := r.Pick(Request{Key: key, Now: t0})
 	if d.Outcome == NoReplica {
@@ -41,7 +58,7 @@ func id(d Decision) string {
 	return rep.ID
 }
 
-func spread(r *Router) (lo, hi int64) {
+func spread(r testRouter) (lo, hi int64) {
 	st := r.Status()
 	lo, hi = st.Replicas[0].Sessions, st.Replicas[0].Sessions
 	for _, rs := range st.Replicas {
@@ -138,13 +155,13 @@ func TestSpillStaysWhenPinIsLeastLoaded(t *testing.T) {
 func TestAffinityOffSpreadsAndKeepsPins(t *testing.T) {
 	r := newTestRouter(2, Config{})
 	home := id(pick(t, r, "a")) // held in flight
-	r.SetAffinity(false)
+	r.reload(Config{}, servers(2))
 	d := pick(t, r, "a")
 	if d.Outcome != Unpinned || id(d) == home {
 		t.Fatalf("affinity off: %v on %s, want the idle replica", d.Outcome, id(d))
 	}
 	d.Release()
-	r.SetAffinity(true)
+	r.reload(Config{Affinity: true}, servers(2))
 	if d := pick(t, r, "a"); id(d) != home || d.Outcome != Sticky {
 		t.Fatalf("affinity back on: %v on %s, want sticky on %s", d.Outcome, id(d), home)
 	}
@@ -236,27 +253,24 @@ func TestActiveWindow(t *testing.T) {
 	}
 }
 
-func activeTotal(r *Router) (n int64) {
+func activeTotal(r testRouter) (n int64) {
 	for _, rs := range r.Status().Replicas {
 		n += rs.ActiveSessions
 	}
 	return n
 }
 
-func TestReconfigureKeepsPinsCountersAndToggles(t *testing.T) {
-	cfg := Config{Affinity: true}
-	r := newTestRouter(3, cfg)
+func TestReloadKeepsPinsAndCounters(t *testing.T) {
+	r := newTestRouter(3, Config{})
 	homes := map[string]string{}
 	for c := range 9 {
 		d := pick(t, r, fmt.Sprintf("c%d", c))
 		d.Release()
 		homes[fmt.Sprintf("c%d", c)] = id(d)
 	}
-	r.SetSpillThreshold(5)
-	r.Configure(cfg)
-	r.SetReplicas(servers(3))
+	r.reload(Config{Affinity: true, SpillThreshold: 5}, servers(3))
 	if n, auto := r.SpillThreshold(); n != 5 || auto {
-		t.Fatalf("runtime threshold lost on same-config reload: %d auto=%v", n, auto)
+		t.Fatalf("new view's threshold: %d auto=%v", n, auto)
 	}
 	for key, home := range homes {
 		if d := pick(t, r, key); id(d) != home {
@@ -266,9 +280,30 @@ func TestReconfigureKeepsPinsCountersAndToggles(t *testing.T) {
 	if st := r.Status(); st.Requests != 18 || st.Sessions != 9 {
 		t.Fatalf("counters after reload: requests %d sessions %d", st.Requests, st.Sessions)
 	}
-	r.Configure(Config{Affinity: true, SpillThreshold: 3})
-	if n, _ := r.SpillThreshold(); n != 3 {
-		t.Fatalf("changed config threshold not applied: %d", n)
+}
+
+// Views of two configs live at once during a reload: each routes with its
+// own settings, and one that is never applied changes nothing shared.
+func TestEachViewRoutesWithItsOwnSettings(t *testing.T) {
+	r := newTestRouter(2, Config{SpillThreshold: 1, MaxSessions: 2 * sessionShards})
+	old := r.View
+	rejected := r.Router.View(Config{Affinity: false, SpillThreshold: 9, MaxSessions: sessionShards}, servers(3))
+	if n, _ := old.SpillThreshold(); n != 1 || !old.Affinity() {
+		t.Fatalf("old view changed by a new one: threshold %d affinity %v", n, old.Affinity())
+	}
+	if d := rejected.Pick(Request{Key: "x", Now: t0}); d.Outcome != Unpinned {
+		t.Fatalf("the new view routes with its own settings: got %v, want unpinned", d.Outcome)
+	}
+	third := servers(3)[2].ID
+	r.SetLoad(third, Load{Known: true, Running: 5})
+	if got := rejected.Status().Replicas[2].Load; got.Known {
+		t.Fatal("a replica only an unapplied view lists took metrics")
+	}
+	for c := range 2 * sessionShards * 4 {
+		pick(t, r, fmt.Sprintf("c%d", c)).Release()
+	}
+	if st := old.Status(); st.Sessions < sessionShards+1 {
+		t.Fatalf("an unapplied view's max_sessions bounded the table: %d sessions", st.Sessions)
 	}
 }
 
@@ -282,7 +317,7 @@ func TestRemovedReplicaConversationsMove(t *testing.T) {
 			onFirst = fmt.Sprintf("c%d", c)
 		}
 	}
-	r.SetReplicas(servers(2)[1:])
+	r.reload(Config{Affinity: true}, servers(2)[1:])
 	d := pick(t, r, onFirst)
 	if d.Outcome != Replaced || id(d) != servers(2)[1].ID {
 		t.Fatalf("conversation of a removed replica: %v on %s", d.Outcome, id(d))

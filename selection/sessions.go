@@ -2,7 +2,6 @@ package selection
 
 import (
 	"sync"
-	"sync/atomic"
 )
 
 // sessionShards spreads the session table over independent locks so that
@@ -16,18 +15,10 @@ const MinMaxSessions = sessionShards
 // last use (most recent first), which gives LRU eviction, TTL expiry and the
 // "active conversation" window with pointer moves only.
 type session struct {
-	key      uint64
-	pin      *replicaState
-	lastSeen int64 // unix nanoseconds
-	active   bool  // used within the active window; counted in pin.active
-	// tokens is the estimated prompt size of the conversation's last request
-	// on its pin, 0 when unknown.
-	tokens int64
-	// evictedAt is the pin's allocated count past which the conversation's
-	// prefix has most likely been evicted: set when its last request ends
-	// from the room the pin's cache had left beside it; the maximum while a
-	// request is in flight, since vLLM evicts only blocks no request uses.
-	evictedAt  atomic.Int64
+	key        uint64
+	pin        *replicaState
+	lastSeen   int64 // unix nanoseconds
+	active     bool  // used within the active window; counted in pin.active
 	prev, next *session
 }
 
@@ -114,8 +105,7 @@ func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) (*sessio
 	return e, evicted
 }
 
-// repin moves an existing conversation to another replica; what it knew of
-// the conversation's cache on the old one no longer applies.
+// repin moves an existing session to another replica.
 func (e *session) repin(pin *replicaState) {
 	if e.active {
 		e.pin.active.Add(-1)
@@ -124,7 +114,6 @@ func (e *session) repin(pin *replicaState) {
 	e.pin.sessions.Add(-1)
 	pin.sessions.Add(1)
 	e.pin = pin
-	e.tokens = 0
 }
 
 func (s *sessionShard) remove(e *session) {

@@ -2,12 +2,11 @@ package selection
 
 import "time"
 
-// Status is a point-in-time view of a model's routing, for the admin API,
-// the panel and the Prometheus collectors.
+// Status is a point-in-time view of a model's routing under one view's
+// settings, for the admin API, the panel and the Prometheus collectors.
 type Status struct {
 	Model              string
 	Affinity           bool
-	Rule               string
 	SpillThreshold     int
 	SpillThresholdAuto bool
 	MaxNumSeqs         int
@@ -15,7 +14,7 @@ type Status struct {
 	InFlight           int64
 	Sessions           int64
 	// StickyPercent is the share of keyed requests served by their
-	// conversation's pinned replica (placements included), 0..100.
+	// session's pinned replica (placements included), 0..100.
 	StickyPercent float64
 	Requests      uint64
 	Unkeyed       uint64
@@ -29,12 +28,11 @@ type Status struct {
 type ReplicaStatus struct {
 	Replica
 	InFlight       int64
-	Sessions       int64 // conversations pinned here
+	Sessions       int64 // sessions pinned here
 	ActiveSessions int64 // of those, active within the active window
 	Sticky         uint64
 	Placed         uint64
 	Replaced       uint64
-	Moved          uint64
 	SpilledIn      uint64
 	ClientPinned   uint64
 	Unpinned       uint64
@@ -42,16 +40,16 @@ type ReplicaStatus struct {
 	Healthy        bool
 }
 
-// Status returns the router's counters and its replicas' state.
-func (r *Router) Status() Status {
-	threshold, auto := r.SpillThreshold()
+// Status returns the router's counters and the view's replicas' state.
+func (v *View) Status() Status {
+	r := v.router
+	threshold, auto := v.SpillThreshold()
 	st := Status{
 		Model:              r.model,
-		Affinity:           r.Affinity(),
-		Rule:               r.Rule(),
+		Affinity:           v.cfg.Affinity,
 		SpillThreshold:     threshold,
 		SpillThresholdAuto: auto,
-		MaxNumSeqs:         int(r.maxNumSeqs.Load()),
+		MaxNumSeqs:         v.cfg.MaxNumSeqs,
 		Since:              r.since,
 		Requests:           r.requests.Load(),
 		Unkeyed:            r.unkeyed.Load(),
@@ -60,7 +58,7 @@ func (r *Router) Status() Status {
 		Expired:            r.expired.Load(),
 	}
 	var sticky, spilled uint64
-	for _, s := range r.fleet.Load().replicas {
+	for _, s := range v.replicas {
 		rs := ReplicaStatus{
 			Replica:        s.Replica,
 			InFlight:       s.inFlight.Load(),
@@ -69,7 +67,6 @@ func (r *Router) Status() Status {
 			Sticky:         s.sticky.Load(),
 			Placed:         s.placed.Load(),
 			Replaced:       s.replaced.Load(),
-			Moved:          s.moved.Load(),
 			SpilledIn:      s.spilledIn.Load(),
 			ClientPinned:   s.clientPinned.Load(),
 			Unpinned:       s.unpinned.Load(),

@@ -6,16 +6,16 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/dplb"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/fleet"
+	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
-// policyFactories are the rules the lab can run, by name. New rules (issue 8)
-// join here.
+// policyFactories are the rules the lab can run, by name.
 var policyFactories = map[string]PolicyFactory{
-	PolicyWarden:     newRouterPolicy(true, ""), // the router's default rule
-	PolicySeed:       newRouterPolicy(true, selection.RuleSeed),
-	PolicyCacheFit:   newRouterPolicy(true, selection.RuleCacheFit),
-	PolicyOff:        newRouterPolicy(false, ""),
+	PolicyWarden:     newWardenPolicy(true),
+	PolicyOff:        newWardenPolicy(false),
 	PolicyVLLM:       newVLLMPolicy(dplb.V026Dense),
 	PolicyVLLMv026:   newVLLMPolicy(dplb.V026),
 	PolicyVLLMv027:   newVLLMPolicy(dplb.V027),
@@ -24,15 +24,16 @@ var policyFactories = map[string]PolicyFactory{
 	PolicyRoundRobin: newRoundRobinPolicy,
 }
 
-// routerPolicy is the warden policy: selection.Router fed as in production,
-// with the engines' metrics only at each poll, so it works on stale load
-// between polls exactly as behind Caddy.
-type routerPolicy struct {
-	router *selection.Router
-	index  map[string]int
+// wardenPolicy is the warden policy as Caddy runs it: the same fleet
+// runtime (health trackers, scrape to load, sweeper, history) fed each
+// engine's metrics and health at every poll, so that it routes on load as
+// stale between polls as behind Caddy.
+type wardenPolicy struct {
+	view  *selection.View
+	index map[string]int
 }
 
-func newRouterPolicy(affinity bool, rule string) PolicyFactory {
+func newWardenPolicy(affinity bool) PolicyFactory {
 	return func(env *Env) (Policy, error) {
 		cfg := env.Config()
 		replicas := make([]selection.Replica, env.Engines())
@@ -42,39 +43,67 @@ func newRouterPolicy(affinity bool, rule string) PolicyFactory {
 			replicas[i] = selection.Replica{ID: addr, Address: addr}
 			index[addr] = i
 		}
-		router := selection.NewRouter("lab", selection.Config{
-			MaxNumSeqs:     cfg.Profile.MaxNumSeqs,
-			SpillThreshold: cfg.SpillThreshold,
-			Affinity:       affinity,
-			Rule:           rule,
-		}, replicas, virtualTime(env.fleet.clock))
-		for _, r := range replicas {
-			router.SetHealthy(r.ID, true)
-		}
-		capacity := float64(cfg.Profile.KVCapacityTokens()) // from vllm:cache_config_info
-		env.Every(cfg.MetricsInterval, func(time.Duration) {
+		model := fleet.New("lab", cfg.MetricsInterval, virtualTime(env.fleet.clock), nil)
+		plan := model.Prepare(fleet.Spec{
+			Routing: selection.Config{
+				MaxNumSeqs:     cfg.Profile.MaxNumSeqs,
+				SpillThreshold: cfg.SpillThreshold,
+				Affinity:       affinity,
+			},
+			Replicas:        replicas,
+			MetricsInterval: cfg.MetricsInterval,
+		})
+		model.Apply(plan)
+		env.Every(cfg.MetricsInterval, func(now time.Duration) {
+			at := virtualTime(now)
 			for i, r := range replicas {
-				st := env.Stats(i)
-				router.SetLoad(r.ID, selection.Load{
-					Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage,
-					KVCapacityTokens: capacity, Known: true,
-				})
+				model.ObserveScrape(r.Address, at, scrapeOf(env.Stats(i), cfg.Profile), nil)
+				model.ObserveHealth(r.Address, at, nil)
 			}
 		})
-		// Caddy's warden app sweeps every second.
-		env.Every(time.Second, func(now time.Duration) { router.Sweep(virtualTime(now)) })
-		return &routerPolicy{router: router, index: index}, nil
+		env.Every(fleet.SweepInterval, func(now time.Duration) { model.Tick(virtualTime(now)) })
+		return &wardenPolicy{view: plan.View(), index: index}, nil
 	}
 }
 
-func (p *routerPolicy) Pick(a Arrival) (int, func()) {
-	d := p.router.Pick(selection.Request{Key: a.Key, PromptBytes: a.PromptBytes, Now: virtualTime(a.Now)})
+func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
+	d := p.view.Pick(selection.Request{Key: a.Key, Now: virtualTime(a.Now)})
 	rep, ok := d.Replica()
 	if !ok {
 		return -1, nil
 	}
 	return p.index[rep.ID], d.Release
 }
+
+// scrapeOf is what metricsfeed parses from the engine's /metrics as the
+// simulator serves it: one engine, every series present.
+func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
+	var success uint64
+	for _, n := range st.RequestSuccess {
+		success += n
+	}
+	return metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
+		Running:            st.Running,
+		Waiting:            st.Waiting,
+		KVUsage:            st.KVUsage,
+		PrefixQueries:      float64(st.PrefixCacheQueries),
+		PrefixHits:         float64(st.PrefixCacheHits),
+		PromptTokens:       float64(st.PromptTokens),
+		PromptTokensCached: float64(st.PromptTokensCached),
+		GenerationTokens:   float64(st.GenerationTokens),
+		Preemptions:        float64(st.Preemptions),
+		RequestSuccess:     float64(success),
+		BlockSize:          p.BlockSize,
+		NumGPUBlocks:       p.NumGPUBlocks,
+		Present:            allFields,
+	}}}
+}
+
+// allFields are every series the simulator's /metrics carries.
+const allFields = metricsfeed.FieldRunning | metricsfeed.FieldWaiting | metricsfeed.FieldKVUsage |
+	metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits | metricsfeed.FieldPromptTokens |
+	metricsfeed.FieldPromptTokensCached | metricsfeed.FieldGenerationTokens | metricsfeed.FieldPreemptions |
+	metricsfeed.FieldRequestSuccess | metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks
 
 // vllmPolicy is one vLLM API server with --data-parallel-size N balancing
 // over its engines with its internal balancer; engines publish their queues

@@ -35,7 +35,7 @@ type PolicyFactory func(env *Env) (Policy, error)
 // their exported stats, a seeded random stream and a virtual-time scheduler.
 type Env struct {
 	cfg   Config
-	fleet *fleet
+	fleet *simFleet
 	rng   *rand.Rand
 	tasks []*task
 }
@@ -48,7 +48,7 @@ type task struct {
 	fn       func(now time.Duration)
 }
 
-func newEnv(cfg Config, f *fleet, seed int64) *Env {
+func newEnv(cfg Config, f *simFleet, seed int64) *Env {
 	return &Env{cfg: cfg, fleet: f, rng: rand.New(rand.NewPCG(uint64(seed), 0x1ab))}
 }
 
@@ -75,8 +75,6 @@ func (e *Env) Every(interval time.Duration, fn func(now time.Duration)) {
 // Policy names of DESIGN §4, plus vLLM balancer variants.
 const (
 	PolicyWarden     = "warden"
-	PolicySeed       = "seed"
-	PolicyCacheFit   = "cachefit"
 	PolicyOff        = "off"
 	PolicyVLLM       = "vllm"
 	PolicyVLLMv026   = "vllm-v026"

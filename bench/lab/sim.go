@@ -32,16 +32,16 @@ const (
 	notAdmitted = -1
 )
 
-// fleet is the simulated engines and what outlives a run on a warm fleet.
-type fleet struct {
+// simFleet is the simulated engines and what outlives a run on a warm fleet.
+type simFleet struct {
 	engines   []*engine.Engine
 	addresses []string
 	bound     *hitbound.Bound
 	clock     time.Duration // virtual time reached; the next run starts here
 }
 
-func newFleet(cfg Config) (*fleet, error) {
-	f := &fleet{bound: hitbound.New(cfg.Profile.BlockSize)}
+func newFleet(cfg Config) (*simFleet, error) {
+	f := &simFleet{bound: hitbound.New(cfg.Profile.BlockSize)}
 	for i := range cfg.Replicas {
 		e, err := engine.New(cfg.Profile)
 		if err != nil {
@@ -55,7 +55,7 @@ func newFleet(cfg Config) (*fleet, error) {
 }
 
 // counters adds up the engines' counters.
-func (f *fleet) counters() engine.Stats {
+func (f *simFleet) counters() engine.Stats {
 	var sum engine.Stats
 	for _, e := range f.engines {
 		s := e.Stats()
@@ -133,7 +133,7 @@ type request struct {
 // measured over [measured, end] after the warm-up.
 type sim struct {
 	env                  *Env
-	fleet                *fleet
+	fleet                *simFleet
 	policy               Policy
 	gen                  *agentload.Generator
 	seed                 int64

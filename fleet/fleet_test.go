@@ -1,0 +1,150 @@
+package fleet
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/health"
+	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func servers(addrs ...string) []selection.Replica {
+	out := make([]selection.Replica, len(addrs))
+	for i, a := range addrs {
+		out[i] = selection.Replica{ID: a, Address: a}
+	}
+	return out
+}
+
+// scrape is one engine's /metrics with running requests and token counters.
+func scrape(running int, prompt, cached float64) metricsfeed.Scrape {
+	return metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
+		Running: running, KVUsage: 0.1, PromptTokens: prompt, PromptTokensCached: cached,
+		PrefixQueries: prompt, PrefixHits: cached,
+		Present: metricsfeed.LoadFields | metricsfeed.FieldPromptTokens | metricsfeed.FieldPromptTokensCached |
+			metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits,
+	}}}
+}
+
+// observe feeds every server a healthy scrape and probe at at.
+func observe(m *Model, at time.Time, addrs ...string) {
+	for _, a := range addrs {
+		m.ObserveScrape(a, at, scrape(0, 0, 0), nil)
+		m.ObserveHealth(a, at, nil)
+	}
+}
+
+func TestPreparedPlanChangesNothingUntilApplied(t *testing.T) {
+	m := New("m", time.Second, t0, nil)
+	first := m.Prepare(Spec{Replicas: servers("a:1", "b:1")})
+	m.Apply(first)
+	observe(m, t0, "a:1", "b:1")
+	next := m.Prepare(Spec{Replicas: servers("a:1", "c:1"), Routing: selection.Config{SpillThreshold: 9}})
+	if m.Applied() != first {
+		t.Fatal("Prepare applied its plan")
+	}
+	m.ObserveScrape("c:1", t0, scrape(0, 0, 0), nil)
+	if _, ok := m.Health("c:1", t0); ok {
+		t.Fatal("a server only an unapplied plan lists is tracked")
+	}
+	if got := next.View().Status().Replicas[1].Load; got.Known {
+		t.Fatal("a server only an unapplied plan lists took metrics")
+	}
+	m.Apply(next)
+	observe(m, t0.Add(time.Second), "a:1", "c:1")
+	if h, ok := m.Health("c:1", t0.Add(time.Second)); !ok || !h.Healthy {
+		t.Fatalf("applied plan's new server: %+v tracked=%v", h, ok)
+	}
+	if _, ok := m.Health("b:1", t0); ok {
+		t.Fatal("a server that left is still tracked")
+	}
+}
+
+func TestMetricsThatStopTurnAServerUnhealthy(t *testing.T) {
+	var changes []string
+	m := New("m", time.Second, t0, func(addr string, _, new health.State) {
+		changes = append(changes, addr+" "+string(new.Reason))
+	})
+	p := m.Prepare(Spec{Replicas: servers("a:1", "b:1"), Routing: selection.Config{Affinity: true}})
+	m.Apply(p)
+	for s := range 3 {
+		observe(m, t0.Add(time.Duration(s)*time.Second), "a:1", "b:1")
+	}
+	for s := 3; s < 8; s++ { // b:1 goes silent
+		at := t0.Add(time.Duration(s) * time.Second)
+		observe(m, at, "a:1")
+		m.Tick(at)
+	}
+	now := t0.Add(8 * time.Second)
+	if h, _ := m.Health("b:1", now); h.Healthy || h.Reason != health.ReasonStaleMetrics {
+		t.Fatalf("silent server: %+v", h)
+	}
+	for c := range 4 {
+		d := p.View().Pick(selection.Request{Key: string(rune('k' + c)), Now: now})
+		if rep, _ := d.Replica(); rep.ID != "a:1" {
+			t.Fatalf("session placed on %s, whose metrics stopped", rep.ID)
+		}
+	}
+	if len(changes) == 0 || changes[len(changes)-1] != "b:1 "+string(health.ReasonStaleMetrics) {
+		t.Fatalf("health changes heard: %v", changes)
+	}
+}
+
+func TestFailedScrapeMakesLoadUnknown(t *testing.T) {
+	m := New("m", time.Second, t0, nil)
+	p := m.Prepare(Spec{Replicas: servers("a:1", "b:1"), Routing: selection.Config{Affinity: true}})
+	m.Apply(p)
+	observe(m, t0, "a:1", "b:1")
+	m.ObserveScrape("a:1", t0.Add(time.Second), metricsfeed.Scrape{}, errors.New("garbage"))
+	if l := p.View().Status().Replicas[0].Load; l.Known {
+		t.Fatalf("load after a failed scrape: %+v", l)
+	}
+	d := p.View().Pick(selection.Request{Key: "s", Now: t0.Add(time.Second)})
+	if rep, _ := d.Replica(); rep.ID != "b:1" {
+		t.Fatalf("placed on %s, whose load is unknown", rep.ID)
+	}
+}
+
+func TestRatesFollowTheAppliedServers(t *testing.T) {
+	m := New("m", time.Second, t0, nil)
+	m.Apply(m.Prepare(Spec{Replicas: servers("a:1", "b:1")}))
+	for s := range 11 {
+		at := t0.Add(time.Duration(s) * time.Second)
+		m.ObserveScrape("a:1", at, scrape(0, 100*float64(s), 50*float64(s)), nil)
+		m.ObserveScrape("b:1", at, scrape(0, 100*float64(s), 100*float64(s)), nil)
+	}
+	now := t0.Add(10 * time.Second)
+	if r, ok := m.Rates(now, time.Minute); !ok || r.PromptPerSec != 200 || r.HitRate() != 0.75 {
+		t.Fatalf("fleet rates %+v ok=%v, want 200 prompt/s at 75%%", r, ok)
+	}
+	m.Apply(m.Prepare(Spec{Replicas: servers("a:1")}))
+	if r, ok := m.Rates(now, time.Minute); !ok || r.PromptPerSec != 100 || r.HitRate() != 0.5 {
+		t.Fatalf("rates after b:1 left: %+v ok=%v", r, ok)
+	}
+	if _, ok := m.ReplicaRates(servers("b:1")[0], now, time.Minute); ok {
+		t.Fatal("history of a server that left is kept")
+	}
+}
+
+func TestRanksReadTheirOwnEngine(t *testing.T) {
+	s := metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{
+		{Engine: 0, Running: 1, KVUsage: 0.2, Present: metricsfeed.LoadFields},
+		{Engine: 1, Running: 7, KVUsage: 0.6, Present: metricsfeed.LoadFields},
+	}}
+	rank1 := selection.Replica{ID: "x:1#1", Address: "x:1", Rank: 1, SetsRank: true}
+	if l := replicaLoad(rank1, s); !l.Known || l.Running != 7 || l.KVUsage != 0.6 {
+		t.Fatalf("rank 1: %+v", l)
+	}
+	whole := selection.Replica{ID: "x:1", Address: "x:1"}
+	if l := replicaLoad(whole, s); !l.Known || l.Running != 8 || l.KVUsage != 0.4 {
+		t.Fatalf("whole server: %+v", l)
+	}
+	s.Engines[1].Present = metricsfeed.FieldRunning
+	if l := replicaLoad(whole, s); l.Known {
+		t.Fatalf("an engine without its load gauges: %+v", l)
+	}
+}
