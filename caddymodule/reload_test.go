@@ -67,8 +67,13 @@ func TestRejectedReloadChangesNothing(t *testing.T) {
 			dig(cfg, "apps", "http", "servers")["taken"] = map[string]any{"listen": []any{taken.Addr().String()}}
 		}},
 		{"in warden's own second model", func(cfg map[string]any) {
+			// Its process's environment is refused once model m is loaded.
+			dig(cfg, "apps", "warden", "models")["n"] = map[string]any{"replicas": []any{map[string]any{
+				"address": "127.0.0.1:1", "process": map[string]any{"command": []any{"true"}, "env": map[string]any{"A=B": "x"}}}}}
+		}},
+		{"in warden's own second model's settings", func(cfg map[string]any) {
 			dig(cfg, "apps", "warden", "models")["n"] = map[string]any{
-				"replicas": []any{map[string]any{"address": c.addr}}, "max_num_seqs": -1}
+				"replicas": []any{map[string]any{"address": "127.0.0.1:1"}}, "max_num_seqs": -1}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
