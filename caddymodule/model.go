@@ -105,6 +105,11 @@ func (m *model) deactivate(l *modelLoad) {
 	if i == len(m.live) && len(m.live) > 0 {
 		m.applyLocked(m.live[len(m.live)-1])
 	}
+	var servers []string
+	for _, other := range m.live {
+		servers = append(servers, other.plan.Addresses()...)
+	}
+	m.fleet.Retain(servers)
 }
 
 func (m *model) applyLocked(l *modelLoad) {

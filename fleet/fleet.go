@@ -89,27 +89,37 @@ func (m *Model) Prepare(spec Spec) *Plan {
 }
 
 // Apply makes p the plan whose servers are tracked and whose settings the
-// session table follows. A server that leaves loses its tracker and history;
-// its replicas keep their routing state in case they come back.
+// session table follows. Servers that p leaves out keep their trackers and
+// history until Retain drops them, so that applying the previous plan again
+// (a config whose start failed hands back to the running one) finds them
+// as they were.
 func (m *Model) Apply(p *Plan) {
 	m.router.Apply(p.view)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.applied = p
-	trackers := make(map[string]*health.Tracker, len(p.addresses))
 	for _, addr := range p.addresses {
-		if t := m.trackers[addr]; t != nil {
-			trackers[addr] = t
-			continue
+		if m.trackers[addr] == nil {
+			m.trackers[addr] = health.NewTracker(health.Config{Interval: p.interval, OnChange: m.reportChange(addr)})
 		}
-		trackers[addr] = health.NewTracker(health.Config{Interval: p.interval, OnChange: m.reportChange(addr)})
 	}
+}
+
+// Retain forgets the trackers and history of every server not in addrs:
+// call it with the servers of every configuration still running.
+func (m *Model) Retain(addrs []string) {
+	keep := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		keep[a] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for addr := range m.trackers {
-		if trackers[addr] == nil {
+		if !keep[addr] {
+			delete(m.trackers, addr)
 			m.history.Forget(addr)
 		}
 	}
-	m.trackers = trackers
 }
 
 func (m *Model) reportChange(addr string) func(old, new health.State) {
@@ -188,8 +198,8 @@ func (m *Model) refreshHealth(now time.Time) {
 	}
 }
 
-// Health is the server's health state at now; ok is false for a server the
-// applied plan does not track.
+// Health is the server's health state at now; ok is false for a server no
+// applied plan has listed since the last Retain.
 func (m *Model) Health(addr string, now time.Time) (st health.State, ok bool) {
 	t := m.tracker(addr)
 	if t == nil {

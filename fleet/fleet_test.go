@@ -59,8 +59,40 @@ func TestPreparedPlanChangesNothingUntilApplied(t *testing.T) {
 	if h, ok := m.Health("c:1", t0.Add(time.Second)); !ok || !h.Healthy {
 		t.Fatalf("applied plan's new server: %+v tracked=%v", h, ok)
 	}
+	if h, ok := m.Health("b:1", t0.Add(time.Second)); !ok || !h.Healthy {
+		t.Fatalf("a server that left lost its state before Retain: %+v tracked=%v", h, ok)
+	}
+	m.Retain(next.Addresses())
 	if _, ok := m.Health("b:1", t0); ok {
-		t.Fatal("a server that left is still tracked")
+		t.Fatal("a server that left is still tracked after Retain")
+	}
+}
+
+// A config whose start fails hands back to the running one: applying the
+// previous plan again finds its servers' health and history as they were.
+func TestReapplyingThePreviousPlanKeepsItsServers(t *testing.T) {
+	m := New("m", time.Second, t0, nil)
+	running := m.Prepare(Spec{Replicas: servers("a:1", "b:1"), Routing: selection.Config{Affinity: true}})
+	m.Apply(running)
+	for s := range 3 {
+		at := t0.Add(time.Duration(s) * time.Second)
+		m.ObserveScrape("a:1", at, scrape(0, 100*float64(s), 50*float64(s)), nil)
+		m.ObserveScrape("b:1", at, scrape(0, 100*float64(s), 50*float64(s)), nil)
+		m.ObserveHealth("a:1", at, nil)
+		m.ObserveHealth("b:1", at, nil)
+	}
+	m.Apply(m.Prepare(Spec{Replicas: servers("a:1")}))
+	m.Apply(running)
+	now := t0.Add(2 * time.Second)
+	m.Tick(now)
+	if h, _ := m.Health("b:1", now); !h.Healthy {
+		t.Fatalf("b:1 after the failed start: %+v", h)
+	}
+	if _, ok := m.ReplicaRates(servers("b:1")[0], now, time.Minute); !ok {
+		t.Fatal("b:1's history lost by a plan that never ran for good")
+	}
+	if st := running.View().Status(); !st.Replicas[1].Healthy {
+		t.Fatal("b:1 unusable for routing after the failed start")
 	}
 }
 
@@ -121,7 +153,9 @@ func TestRatesFollowTheAppliedServers(t *testing.T) {
 	if r, ok := m.Rates(now, time.Minute); !ok || r.PromptPerSec != 200 || r.HitRate() != 0.75 {
 		t.Fatalf("fleet rates %+v ok=%v, want 200 prompt/s at 75%%", r, ok)
 	}
-	m.Apply(m.Prepare(Spec{Replicas: servers("a:1")}))
+	only := m.Prepare(Spec{Replicas: servers("a:1")})
+	m.Apply(only)
+	m.Retain(only.Addresses())
 	if r, ok := m.Rates(now, time.Minute); !ok || r.PromptPerSec != 100 || r.HitRate() != 0.5 {
 		t.Fatalf("rates after b:1 left: %+v ok=%v", r, ok)
 	}
