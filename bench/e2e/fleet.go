@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
 // Sim is one running vllmsim process.

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/bench/report"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 )
 

@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/bench/e2e"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
 // Options of a fault run.
