@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
@@ -24,15 +24,16 @@ var (
 	simErr  error
 )
 
-// vllmsimBinary builds cmd/vllmsim once, for tests whose replicas are
-// processes launched by Caddy.
+// vllmsimBinary builds bench/cmd/vllmsim (in the nested bench module, so
+// these tests need the repository checkout) once, for tests whose replicas
+// are processes launched by Caddy.
 func vllmsimBinary(t *testing.T) string {
 	t.Helper()
 	simOnce.Do(func() {
 		simBin = filepath.Join(filepath.Dir(caddyBin), "vllmsim")
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		simErr = caddyproc.Build(ctx, "./cmd/vllmsim", simBin)
+		simErr = caddyproc.Build(ctx, "./bench/cmd/vllmsim", simBin)
 	})
 	if simErr != nil {
 		t.Fatal(simErr)

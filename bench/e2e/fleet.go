@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
 // Sim is one running vllmsim process.
@@ -134,7 +134,7 @@ func BuildBinaries(ctx context.Context, dir string) (caddyBin, simBin string, er
 	if err := caddyproc.Build(ctx, "./cmd/caddy", caddyBin); err != nil {
 		return "", "", err
 	}
-	return caddyBin, simBin, caddyproc.Build(ctx, "./cmd/vllmsim", simBin)
+	return caddyBin, simBin, caddyproc.Build(ctx, "./bench/cmd/vllmsim", simBin)
 }
 
 func (o Options) logWriter() io.Writer {

@@ -1,7 +1,7 @@
 // Package e2e runs the seed's experiment for real: simulated vLLM servers
-// (cmd/vllmsim) behind Caddy built from cmd/caddy, loaded by the agent
-// workload over HTTP, one routing policy after another without restarting
-// the replicas, as the seed switched affinity off and on.
+// (bench/cmd/vllmsim) behind Caddy built from the root module's cmd/caddy,
+// loaded by the agent workload over HTTP, one routing policy after another
+// without restarting the replicas, as the seed switched affinity off and on.
 package e2e
 
 import (
@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/bench/report"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 )
 

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
 // maxNumSeqs is the simulators' and warden's max_num_seqs: auto spill

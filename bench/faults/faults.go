@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
 	"github.com/lmwarden/caddy-warden/bench/e2e"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
 // Options of a fault run.
@@ -46,7 +46,7 @@ type Options struct {
 	// /metrics faults, so that a run fits in a test.
 	Short bool
 	// CaddyBin and SimBin are prebuilt binaries of cmd/caddy and
-	// cmd/vllmsim; empty builds them into WorkDir.
+	// bench/cmd/vllmsim; empty builds them into WorkDir.
 	CaddyBin string
 	SimBin   string
 	// WorkDir receives the binaries; empty uses a temporary directory.

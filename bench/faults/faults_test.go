@@ -12,7 +12,7 @@ import (
 )
 
 // full runs every /metrics fault, each held longer: the table of
-// docs/reliability.md (go test -run TestRun -full -v ./bench/faults).
+// docs/reliability.md (cd bench && go test -run TestRun -full -v ./faults).
 var full = flag.Bool("full", false, "run the whole fault run instead of the short one")
 
 // The fault run: simulators, Caddy, load, every phase. Every expectation

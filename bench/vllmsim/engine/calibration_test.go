@@ -64,7 +64,7 @@ func within25Percent(measured, estimate float64) bool {
 }
 
 // TestCalibrationAgainstDesign measures the default profile and prints the README's
-// calibration table: go test -run TestCalibrationAgainstDesign -v ./bench/vllmsim/engine
+// calibration table (from bench/): go test -run TestCalibrationAgainstDesign -v ./vllmsim/engine
 func TestCalibrationAgainstDesign(t *testing.T) {
 	p := Profiles[DefaultProfile]
 	var table strings.Builder

@@ -51,7 +51,7 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // --time-scale 10 serve 32 closed-loop Claude-Code-like sessions, and requires less than one
 // core. It takes VLLMSIM_CPU_SECONDS (default 30) of wall time, so it runs only when asked:
 //
-//	VLLMSIM_CPU_TEST=1 go test -run TestServerCPUUnderClaudeCodeLoad -v ./cmd/vllmsim
+//	cd bench && VLLMSIM_CPU_TEST=1 go test -run TestServerCPUUnderClaudeCodeLoad -v ./cmd/vllmsim
 func TestServerCPUUnderClaudeCodeLoad(t *testing.T) {
 	if os.Getenv("VLLMSIM_CPU_TEST") == "" {
 		t.Skip("set VLLMSIM_CPU_TEST=1 to measure the simulator's CPU use (takes 30 s)")

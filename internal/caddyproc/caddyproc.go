@@ -1,6 +1,7 @@
 // Package caddyproc builds Caddy with the warden plugin from cmd/caddy and
 // runs it as a child process, with a small client for its admin API. The
-// integration tests and wardenbench use it to exercise the real binary.
+// integration tests, the bench module's tests and wardenbench use it to
+// exercise the real binary.
 package caddyproc
 
 import (
@@ -15,36 +16,76 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
 
-// Build compiles a command of this module (e.g. "./cmd/caddy") into out,
-// from whatever directory of the module the caller runs in.
+// Module is the path of the repository's root module, the plugin.
+const Module = "github.com/lmwarden/caddy-warden"
+
+// Build compiles the command in directory pkg of the repository (e.g.
+// "./cmd/caddy", or "./bench/cmd/vllmsim" of the nested bench module) into
+// out. It works from any directory of either module: it finds the root
+// module from the caller's go.mod and builds pkg in the module that holds it,
+// so Caddy always comes from the root module's go.mod.
 func Build(ctx context.Context, pkg, out string) error {
-	root, err := moduleRoot(ctx)
+	root, err := RootDir(ctx)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-	cmd.Dir = root
+	if out, err = filepath.Abs(out); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
+	cmd.Dir = filepath.Join(root, filepath.FromSlash(pkg))
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building %s: %v\n%s", pkg, err, msg)
 	}
 	return nil
 }
 
-func moduleRoot(ctx context.Context) (string, error) {
+// RootDir is the directory of the root module: the caller's module, or the
+// first directory above it whose go.mod declares Module.
+func RootDir(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("finding the module: %v", err)
 	}
 	gomod := strings.TrimSpace(string(out))
 	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside the caddy-warden module")
+		return "", errors.New("not inside a caddy-warden module")
 	}
-	return filepath.Dir(gomod), nil
+	for dir := filepath.Dir(gomod); ; {
+		if modulePath(filepath.Join(dir, "go.mod")) == Module {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod declaring %s at or above %s", Module, filepath.Dir(gomod))
+		}
+		dir = parent
+	}
+}
+
+// modulePath reads the module directive of a go.mod file ("" if none).
+func modulePath(gomod string) string {
+	data, err := os.ReadFile(gomod)
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "//")
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module"); ok && rest != "" && (rest[0] == ' ' || rest[0] == '\t') {
+			path := strings.TrimSpace(rest)
+			if p, err := strconv.Unquote(path); err == nil {
+				path = p
+			}
+			return path
+		}
+	}
+	return ""
 }
 
 // FreeAddr returns a loopback address with a port that was free a moment ago.

@@ -1,8 +1,7 @@
-package caddymodule_test
+package paneltest
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,77 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth" // basic_auth in the panel's Caddyfile
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
-	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
-
-// panelSite is the panel mounted on a site of its own behind basic_auth.
-type panelSite struct {
-	url           string
-	authorization string // the Authorization header that passes basic_auth
-}
-
-// mountPanel adds a site serving the panel behind basic_auth to the fleet's
-// Caddy, written in Caddyfile form as an operator would, adapted, and
-// loaded through the admin API.
-func (f *fleet) mountPanel(t *testing.T) panelSite {
-	t.Helper()
-	addr := testnet.Addr(t)
-	const user, password = "operator", "panel-test-password"
-	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caddyfile := fmt.Sprintf(`http://%s {
-	bind 127.0.0.1
-	route /warden/* {
-		basic_auth {
-			%s %s
-		}
-		warden_panel
-	}
-}
-`, addr, user, hash)
-	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
-	if err != nil {
-		t.Fatalf("adapting the panel's Caddyfile: %v", err)
-	}
-	var cfg struct {
-		Apps struct {
-			HTTP struct {
-				Servers map[string]json.RawMessage `json:"servers"`
-			} `json:"http"`
-		} `json:"apps"`
-	}
-	if err := json.Unmarshal(adapted, &cfg); err != nil || len(cfg.Apps.HTTP.Servers) != 1 {
-		t.Fatalf("adapted panel config (%v): %s", err, adapted)
-	}
-	for _, server := range cfg.Apps.HTTP.Servers {
-		if err := f.caddy.Do(http.MethodPost, "/config/apps/http/servers/warden_panel", server, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	site := panelSite{
-		url:           "http://" + addr + "/warden/",
-		authorization: "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)),
-	}
-	eventually(t, 10*time.Second, "the panel site answering", func() bool {
-		resp, err := http.Get(site.url)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return true
-	})
-	return site
-}
 
 // get fetches the panel with the given Accept header, authenticated or not.
 func (p panelSite) get(t *testing.T, target, accept string, authenticated bool) (*http.Response, []byte) {
@@ -124,26 +58,6 @@ func (p panelSite) data(t *testing.T) (caddymodule.PanelData, []byte) {
 	return data, body
 }
 
-// holdRequests keeps one request of each conversation in flight until the
-// test ends.
-func (f *fleet) holdRequests(t *testing.T, sessions []string) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-	})
-	for _, s := range sessions {
-		wg.Go(func() {
-			resp, err := f.send(ctx, s, holdHeader, "60s")
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body) // until cancelled
-				resp.Body.Close()
-			}
-		})
-	}
-}
-
 // soakDuration reads WARDEN_PANEL_SOAK: that much steady traffic (at most
 // 10m) before the checks gives the screenshot an interesting chart, as in
 // docs/panel.png. Unset, the test adds none.
@@ -160,21 +74,21 @@ func soakDuration(t *testing.T) time.Duration {
 }
 
 // soak sends traffic for d: a new conversation every second, each sending
-// up to 15 turns of 100-600 ms back to back.
+// up to 15 turns of 4-24 generated tokens (about 100-600 ms) back to back.
 func (f *fleet) soak(t *testing.T, d time.Duration) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var mu sync.Mutex
-	hold := func() string {
+	tokens := func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return fmt.Sprintf("%dms", 100+rng.IntN(500))
+		return 4 + rng.IntN(21)
 	}
 	end := time.Now().Add(d)
 	var wg sync.WaitGroup
 	for i := 0; time.Now().Before(end); i++ {
 		wg.Go(func() {
 			for turn := 0; turn < 15 && time.Now().Before(end); turn++ {
-				f.turn(t, fmt.Sprintf("soak-%d", i), holdHeader, hold())
+				f.turn(t, fmt.Sprintf("soak-%d", i), tokens())
 			}
 		})
 		time.Sleep(time.Second)
@@ -345,17 +259,17 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 
 func TestPanelInBrowser(t *testing.T) {
 	browser := startChromium(t)
-	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
-	f := startFleet(t, "replicas {replicas}\n\t\t\tmax_num_seqs 128", backends...)
-	panel := f.mountPanel(t)
+	f := startFleet(t)
+	panel := f.panel
 
 	if soak := soakDuration(t); soak > 0 {
 		f.soak(t, soak)
 	}
-	// Load: nine conversations of four turns, then four requests held open.
+	// Load: nine conversations of four turns (8 tokens, about 200 ms of
+	// decoding each), then four requests held open.
 	convs := conversations("panel-conv", 9)
 	for range 4 {
-		concurrently(len(convs), func(i int) { f.turn(t, convs[i], holdHeader, "100ms") })
+		concurrently(len(convs), func(i int) { f.turn(t, convs[i], 8) })
 	}
 	f.holdRequests(t, convs[:4])
 	eventually(t, 10*time.Second, "4 requests in flight, seen by the engines' metrics", func() bool {
@@ -374,7 +288,7 @@ func TestPanelInBrowser(t *testing.T) {
 			}
 		}
 		data, body := panel.data(t)
-		if len(data.Models) != 1 || len(data.Models[0].Replicas) != len(backends) {
+		if len(data.Models) != 1 || len(data.Models[0].Replicas) != replicas {
 			t.Fatalf("JSON twin: %+v", data.Models)
 		}
 		var cached, computed float64

@@ -1,0 +1,277 @@
+package paneltest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
+	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
+)
+
+// The simulated replicas. Each engine has 100,000 KV blocks (40 times the
+// a4000 profile's) so that its KV use grows by at most 0.005% a second while
+// the test holds requests open: the page, up to one refresh behind the admin
+// JSON, still shows the same value to one decimal.
+const (
+	replicas     = 3
+	maxNumSeqs   = 128
+	numGPUBlocks = 100_000
+	// holdTokens keeps a request decoding for minutes (about 40 tokens a
+	// second at time scale 1), past the end of the test.
+	holdTokens = 16_000
+)
+
+// fleet is Caddy, built from the root module's cmd/caddy and run as a
+// process, in front of simulated vLLM servers run in the test, with the
+// panel on a site of its own behind basic_auth.
+type fleet struct {
+	caddy *caddyproc.Process
+	site  string // the proxied API
+	panel panelSite
+}
+
+// panelSite is the panel mounted on a site of its own behind basic_auth.
+type panelSite struct {
+	url           string
+	authorization string // the Authorization header that passes basic_auth
+}
+
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	caddyBin := filepath.Join(t.TempDir(), "caddy")
+	if err := caddyproc.Build(ctx, "./cmd/caddy", caddyBin); err != nil {
+		t.Fatal(err)
+	}
+
+	var addrs []string
+	for i := range replicas {
+		cfg := server.DefaultConfig()
+		cfg.ID = string(rune('a' + i))
+		cfg.Model = "m"
+		cfg.Profile.MaxNumSeqs = maxNumSeqs
+		cfg.Profile.NumGPUBlocks = numGPUBlocks
+		sim, err := server.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sim.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sim.Close() })
+		addrs = append(addrs, sim.Addr())
+	}
+
+	const user, password = "operator", "panel-test-password"
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, site, panelAddr := testnet.Addr(t), testnet.Addr(t), testnet.Addr(t)
+	caddyfile := fmt.Sprintf(`{
+	admin %[1]s
+	default_bind 127.0.0.1
+	warden {
+		model m {
+			replicas %[2]s
+			max_num_seqs %[3]d
+			metrics_interval 100ms
+		}
+	}
+}
+http://%[4]s {
+	reverse_proxy %[2]s {
+		lb_policy warden m
+		flush_interval -1
+	}
+}
+http://%[5]s {
+	route /warden/* {
+		basic_auth {
+			%[6]s %[7]s
+		}
+		warden_panel
+	}
+}
+`, admin, strings.Join(addrs, " "), maxNumSeqs, site, panelAddr, user, hash)
+
+	var logs strings.Builder
+	var logMu sync.Mutex
+	p, err := caddyproc.Start(caddyBin, caddyfile, admin, writerFunc(func(b []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(b)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			logMu.Lock()
+			t.Logf("caddy log:\n%s", logs.String())
+			logMu.Unlock()
+		}
+	})
+	f := &fleet{caddy: p, site: site, panel: panelSite{
+		url:           "http://" + panelAddr + "/warden/",
+		authorization: "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)),
+	}}
+	eventually(t, 10*time.Second, "every replica healthy", func() bool {
+		st := f.status(t)
+		for _, r := range st.Replicas {
+			if !r.Healthy || !r.MetricsKnown {
+				return false
+			}
+		}
+		return len(st.Replicas) == replicas
+	})
+	eventually(t, 10*time.Second, "the panel site answering", func() bool {
+		resp, err := http.Get(f.panel.url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	})
+	return f
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(b []byte) (int, error) { return w(b) }
+
+// status is the model's admin JSON.
+func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
+	t.Helper()
+	var st caddymodule.ModelStatus
+	if err := f.caddy.Do(http.MethodGet, "/warden/models/m", nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// systemPrompt is shared by every conversation, as an agent's is: about
+// 450 tokens of the simulator's tokenizer (4 bytes each), 28 full KV blocks.
+var systemPrompt = strings.Repeat("You are a careful coding agent. Read the files before editing them. ", 26)
+
+// prompt is a conversation's request: the shared system prompt and a first
+// message of its own (derived from the session ID, which it does not show).
+// Every turn sends the same prompt, so from the second turn on the replica
+// serves its full blocks from the prefix cache.
+func prompt(session string, maxTokens int) string {
+	sum := sha256.Sum256([]byte(session))
+	body, err := json.Marshal(map[string]any{
+		"model":      "m",
+		"max_tokens": maxTokens,
+		"stream":     true,
+		"system":     systemPrompt,
+		"messages": []map[string]string{
+			{"role": "user", "content": strings.Repeat("Task "+hex.EncodeToString(sum[:])+". ", 6)},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return string(body)
+}
+
+// turn sends one streaming request of a conversation, generating maxTokens
+// tokens (25 ms each), and reads it to the end; it returns the engine that
+// served it.
+func (f *fleet) turn(t *testing.T, session string, maxTokens int) string {
+	t.Helper()
+	resp, err := f.send(context.Background(), session, maxTokens)
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Error(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("session %s: status %s", session, resp.Status)
+	}
+	return resp.Header.Get(server.EngineHeader)
+}
+
+func (f *fleet) send(ctx context.Context, session string, maxTokens int) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.site+"/v1/messages?beta=true",
+		strings.NewReader(prompt(session, maxTokens)))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Claude-Code-Session-Id", session)
+	return http.DefaultClient.Do(req)
+}
+
+// holdRequests keeps one request of each conversation in flight until the
+// test ends.
+func (f *fleet) holdRequests(t *testing.T, sessions []string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	for _, s := range sessions {
+		wg.Go(func() {
+			resp, err := f.send(ctx, s, holdTokens)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body) // until cancelled
+				resp.Body.Close()
+			}
+		})
+	}
+}
+
+// concurrently runs n calls of fn at once and waits for them.
+func concurrently(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			fn(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+}
+
+func conversations(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return out
+}
