@@ -140,15 +140,26 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 	req := selection.Request{
 		Key:           held.key,
 		ClientReplica: clientReplica(r, cfg),
-		Usable:        func(addr string) bool { u := upstreamFor(pool, addr); return u != nil && u.Available() },
-		Now:           time.Now(),
+		Usable: func(addr string) bool {
+			u := upstreamFor(pool, addr)
+			if u == nil {
+				p.warnMissing(addr)
+				return false
+			}
+			return u.Available()
+		},
+		Now: time.Now(),
 	}
 	if cfg.Server != nil && !p.view.Affinity() {
 		// Affinity off with internal DP: vLLM's own balancer decides.
 		held.set(selection.Decision{})
 		r.Header.Del(RankHeader)
 		caddyhttp.SetVar(ctx, varOutcome, "delegated")
-		return upstreamFor(pool, cfg.Server.Address)
+		u := upstreamFor(pool, cfg.Server.Address)
+		if u == nil {
+			p.warnMissing(cfg.Server.Address)
+		}
+		return u
 	}
 	d := p.view.Pick(req)
 	held.set(d)

@@ -1,0 +1,242 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+// Unit tests of the Caddyfile parsers on caddyfile.NewTestDispenser: every
+// error names the line (Testfile:N) and says what was expected.
+
+// wardenOption is a global warden option around one model block, whose
+// first line is line 3.
+func wardenOption(block string) string {
+	return "warden {\n\tmodel m {\n\t\t" + block + "\n\t}\n}"
+}
+
+// wantParseErr checks that err says want at Testfile:line.
+func wantParseErr(t *testing.T, err error, line int, want string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("no error; want %q at line %d", want, line)
+		return
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
+	}
+	if where := fmt.Sprintf(", at Testfile:%d", line); !strings.HasSuffix(err.Error(), where) {
+		t.Errorf("error %q is not at line %d", err, line)
+	}
+}
+
+func TestParseGlobalOptionErrors(t *testing.T) {
+	for _, c := range []struct {
+		input string
+		line  int
+		want  string
+	}{
+		// As examples_test.go TestCaddyfileErrors expects from `caddy adapt`.
+		{wardenOption("replicas"), 3, "replicas needs at least one host:port"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tspill_threshold lots"), 4, `spill_threshold: expected auto or a positive integer, got "lots"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tspill_threshold"), 4, "spill_threshold: expected auto or a positive integer"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tspill_threshold 0"), 4, `spill_threshold: expected auto or a positive integer, got "0"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\taffinity maybe"), 4, `affinity: expected on or off, got "maybe"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\taffinity"), 4, "affinity: expected on or off"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs 0"), 4, `max_num_seqs: expected a positive integer, got "0"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs"), 4, "max_num_seqs: expected a positive integer"},
+		{wardenOption("server 127.0.0.1:1 ranks x"), 3, `ranks: expected a positive integer, got "x"`},
+		{wardenOption("server 127.0.0.1:1 ranks 0"), 3, `ranks: expected a positive integer, got "0"`},
+		{wardenOption("server 127.0.0.1:1"), 3, "expected: server <host:port> ranks <n>"},
+		{wardenOption("server 127.0.0.1:1 shards 2"), 3, "expected: server <host:port> ranks <n>"},
+		{wardenOption("server {\n\t\t}"), 4, "expected: server <host:port> ranks <n>, or a block with a process"},
+		{wardenOption("replicas localhost"), 4, `model "m": address "localhost": want host:port`},
+		{wardenOption("replicas 127.0.0.1:1 127.0.0.1:1"), 4, `model "m": address 127.0.0.1:1 listed twice`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tserver 127.0.0.1:2 ranks 2"), 5, `model "m": replicas and server are exclusive`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_ttl soon"), 4, `session_ttl: expected a positive duration such as 30s or 5m, got "soon"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_ttl"), 4, "session_ttl: expected a duration such as 30s or 5m"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tactive_window -1m"), 4, `active_window: expected a positive duration such as 30s or 5m, got "-1m"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tbogus 1"), 4, `unrecognized model option "bogus"`},
+		{wardenOption("max_num_seqs 32"), 4, `model "m": needs replicas or a server`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\trule seed"), 4, "rule was removed: the default rule (seed) is the only one, delete the line"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\trule cachefit"), 4, "cachefit was an experiment"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions 10"), 5, `model "m": max_sessions must be at least 64`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_headers"), 4, "session_headers needs at least one header name"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_from_body maybe"), 4, `session_from_body: expected on or off, got "maybe"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs 8 16"), 4, `max_num_seqs: unexpected argument "16"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning on off"), 4, `client_pinning: unexpected argument "off"`},
+		{wardenOption("replica {\n\t\t\tprocess\n\t\t}"), 4, "process: expected a command, e.g. process vllm serve MODEL --port 8001"},
+		{wardenOption("replica {\n\t\t\tenv ONLY_NAME\n\t\t}"), 4, "env: expected a name and a value"},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m\n\t\t}"), 6, "process [vllm serve m]: give the replica an address or the command a --port"},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tdir /tmp\n\t\t}"), 5, "the block needs a process line"},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port x\n\t\t}"), 6, "--port"},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tdir\n\t\t}"), 5, "dir: expected a directory"},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tstop_grace never\n\t\t}"), 5, `stop_grace: expected a positive duration such as 30s or 5m, got "never"`},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tuser vllm\n\t\t}"), 5,
+			`unrecognized process option "user"; expected process, env, dir, startup_timeout or stop_grace`},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tdir /a /b\n\t\t}"), 5, `dir: unexpected argument "/b"`},
+		// As hostile_test.go TestCaddyfileErrorsNameTheLine expects.
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions -5"), 4, `max_sessions: expected a positive integer, got "-5"`},
+		{wardenOption("replicas 127.0.0.1:1\n\n\t\tmetrics_interval 0s"), 5, `metrics_interval: expected a positive duration such as 30s or 5m, got "0s"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning yes"), 4, `client_pinning: expected on or off, got "yes"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tbody_scan_bytes 64k"), 4, `body_scan_bytes: expected a positive integer, got "64k"`},
+		{"warden {\n\tnot_a_model\n}", 2, `unrecognized warden option "not_a_model"; expected model`},
+		// The option and model lines themselves.
+		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
+		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},
+		{"warden {\n\tmodel m extra {\n\t\treplicas 127.0.0.1:1\n\t}\n}", 2, "wrong argument count or unexpected line ending after 'extra'"},
+		{"warden {\n\tmodel m {\n\t\treplicas 127.0.0.1:1\n\t}\n\tmodel m {\n\t\treplicas 127.0.0.1:2\n\t}\n}", 5, `model "m" declared twice`},
+	} {
+		_, err := parseGlobalOption(caddyfile.NewTestDispenser(c.input), nil)
+		wantParseErr(t, err, c.line, c.want)
+	}
+}
+
+// Two warden blocks merge; a model declared in both is an error.
+func TestParseGlobalOptionMerges(t *testing.T) {
+	first, err := parseGlobalOption(caddyfile.NewTestDispenser("warden {\n\tmodel a {\n\t\treplicas 127.0.0.1:1\n\t}\n}"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged, err := parseGlobalOption(caddyfile.NewTestDispenser("warden {\n\tmodel b {\n\t\tserver 127.0.0.1:2 ranks 2\n\t}\n}"), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := merged.(httpcaddyfile.App)
+	var got App
+	if err := json.Unmarshal(app.Value, &got); err != nil {
+		t.Fatal(err)
+	}
+	if app.Name != "warden" || len(got.Models) != 2 || got.Models["a"] == nil || got.Models["b"] == nil || got.Models["b"].Server.Ranks != 2 {
+		t.Errorf("merged %s: %s", app.Name, app.Value)
+	}
+
+	_, err = parseGlobalOption(caddyfile.NewTestDispenser("warden {\n\tmodel a {\n\t\treplicas 127.0.0.1:3\n\t}\n}"), first)
+	wantParseErr(t, err, 2, `model "a" declared twice`)
+
+	// Unreachable through Caddy, which hands back what this parser made;
+	// the error is checked before the first token is read, so it has no
+	// line (", at :0").
+	_, err = parseGlobalOption(caddyfile.NewTestDispenser("warden {\n}"), "not an app")
+	if err == nil || !strings.Contains(err.Error(), "unexpected earlier warden option of type string") {
+		t.Errorf("an earlier option of another type: %v", err)
+	}
+}
+
+// What parseModel makes of the flags and defaults.
+func TestParseModelValues(t *testing.T) {
+	parse := func(t *testing.T, block string) *ModelConfig {
+		t.Helper()
+		v, err := parseGlobalOption(caddyfile.NewTestDispenser(wardenOption(block)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var app App
+		if err := json.Unmarshal(v.(httpcaddyfile.App).Value, &app); err != nil {
+			t.Fatal(err)
+		}
+		return app.Models["m"]
+	}
+	m := parse(t, "replicas 127.0.0.1:1")
+	if m.Affinity == nil || !*m.Affinity || m.SpillThreshold != 0 || m.SessionFromBody || m.ClientPinning {
+		t.Errorf("defaults: %+v", m)
+	}
+	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body"); !m.SessionFromBody {
+		t.Error("session_from_body alone is not on")
+	}
+	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body off"); m.SessionFromBody {
+		t.Error("session_from_body off is on")
+	}
+	if m := parse(t, "replicas 127.0.0.1:1\n\t\tspill_threshold 5\n\t\tspill_threshold auto"); m.SpillThreshold != 0 {
+		t.Errorf("spill_threshold auto after 5: %d", m.SpillThreshold)
+	}
+	if m := parse(t, "replicas 127.0.0.1:1\n\t\tmax_num_seqs 8\n\t\tmax_num_seqs 16"); m.MaxNumSeqs != 16 {
+		t.Errorf("the last max_num_seqs does not win: %d", m.MaxNumSeqs)
+	}
+	// max_num_seqs given in the block wins over the command line's.
+	m = parse(t, "max_num_seqs 8\n\t\treplica {\n\t\t\tprocess vllm serve m --port 7001 --max-num-seqs 64\n\t\t}")
+	if m.MaxNumSeqs != 8 || m.Replicas[0].Address != "127.0.0.1:7001" {
+		t.Errorf("max_num_seqs %d address %q, want 8 and 127.0.0.1:7001", m.MaxNumSeqs, m.Replicas[0].Address)
+	}
+	// ranks on the server line win over --data-parallel-size.
+	m = parse(t, "server 127.0.0.1:7000 ranks 2 {\n\t\t\tprocess vllm serve m --port 7000 --data-parallel-size 4\n\t\t}")
+	if m.Server.Ranks != 2 || m.Server.Address != "127.0.0.1:7000" {
+		t.Errorf("server %+v, want 127.0.0.1:7000 with 2 ranks", m.Server)
+	}
+}
+
+func TestPolicyUnmarshalCaddyfile(t *testing.T) {
+	// reverse_proxy hands the policy the tokens from its name on:
+	// `lb_policy warden qwen3` arrives as "warden qwen3".
+	var p Policy
+	if err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser("warden qwen3")); err != nil || p.Model != "qwen3" {
+		t.Errorf("warden qwen3: model %q, error %v", p.Model, err)
+	}
+	if err := new(Policy).UnmarshalCaddyfile(caddyfile.NewTestDispenser("warden qwen3 {\n}")); err != nil {
+		t.Errorf("an empty block: %v", err)
+	}
+	for _, c := range []struct {
+		input string
+		line  int
+		want  string
+	}{
+		{"warden", 1, "expected: lb_policy warden <model>"},
+		{"warden qwen3 llama", 1, `lb_policy warden: unexpected argument "llama"`},
+		{"warden qwen3 {\n\tspill_threshold 4\n}", 2, `lb_policy warden: unexpected block option "spill_threshold"; model options go in the global warden option`},
+	} {
+		wantParseErr(t, new(Policy).UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
+	}
+}
+
+func TestUpstreamsUnmarshalCaddyfile(t *testing.T) {
+	// `dynamic warden qwen3` arrives as "warden qwen3".
+	var u Upstreams
+	if err := u.UnmarshalCaddyfile(caddyfile.NewTestDispenser("warden qwen3")); err != nil || u.Model != "qwen3" {
+		t.Errorf("warden qwen3: model %q, error %v", u.Model, err)
+	}
+	for _, c := range []struct {
+		input string
+		line  int
+		want  string
+	}{
+		{"warden", 1, "expected: dynamic warden <model>"},
+		{"warden qwen3 127.0.0.1:1", 1, `dynamic warden: unexpected argument "127.0.0.1:1"`},
+		{"warden qwen3 {\n\treplicas 127.0.0.1:1\n}", 2, `dynamic warden: unexpected block option "replicas"; model options go in the global warden option`},
+	} {
+		wantParseErr(t, new(Upstreams).UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
+	}
+}
+
+func TestPanelUnmarshalCaddyfileErrors(t *testing.T) {
+	for _, c := range []struct {
+		input string
+		line  int
+		want  string
+	}{
+		{"warden_panel extra", 1, "wrong argument count or unexpected line ending after 'extra'"},
+		{"warden_panel {\n\trefresh 1s\n}", 2, `warden_panel takes no options, found "refresh"`},
+	} {
+		wantParseErr(t, new(Panel).UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
+	}
+}
+
+// Through the caddyfile adapter, the sources and the panel are reached by
+// the names a Caddyfile uses, and their errors come back with the line.
+func TestDirectivesThroughTheAdapter(t *testing.T) {
+	for _, c := range []struct{ site, want string }{
+		{"reverse_proxy {\n\t\tdynamic warden\n\t\tlb_policy warden m\n\t}", "expected: dynamic warden <model>, at Caddyfile:10"},
+		{"reverse_proxy 127.0.0.1:1 {\n\t\tlb_policy warden\n\t}", "expected: lb_policy warden <model>, at Caddyfile:10"},
+		{"warden_panel extra", "wrong argument count or unexpected line ending after 'extra', at Caddyfile:9"},
+	} {
+		input := "{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t}\n\t}\n}\n:8080 {\n\t" + c.site + "\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.site, err, c.want)
+		}
+	}
+}
