@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/lmwarden/caddy-warden/bench/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
