@@ -113,6 +113,9 @@ func TestDynamicUpstreams(t *testing.T) {
 	if err := f.caddy.Do(http.MethodPost, "/config/apps/warden/models/m/replicas", map[string]string{"address": c.addr}, nil); err != nil {
 		t.Fatal(err)
 	}
+	// The reload shuts the old server down: a POST on one of its idle
+	// keep-alive connections could meet EOF, and is not retried.
+	http.DefaultClient.CloseIdleConnections()
 	f.waitHealthy(t)
 	if n := len(f.status(t).Replicas); n != 3 {
 		t.Fatalf("%d replicas after adding c", n)
