@@ -162,8 +162,13 @@ func (f *fleet) send(ctx context.Context, session string, header ...string) (*ht
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	return http.DefaultClient.Do(req)
+	return siteClient.Do(req)
 }
+
+// siteClient opens a connection per request: a config change reloads Caddy,
+// which closes idle keep-alive connections, and a POST that races that
+// close fails with EOF (Go does not retry a POST), as any client's would.
+var siteClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 // concurrently runs n calls of fn at once and waits for them.
 func concurrently(n int, fn func(i int)) {
