@@ -165,3 +165,31 @@ func TestPinSnapshotIntervalOption(t *testing.T) {
 		t.Errorf("a negative interval in JSON: %v", err)
 	}
 }
+
+// A periodic write at 100,000 conversations, as the sweeper makes it: copy,
+// encode and store in the file system (write a temporary file, rename).
+func BenchmarkWritePins100k(b *testing.B) {
+	cfg := pinsConfig()
+	cfg.MaxSessions = 200_000 // no shard full
+	l, err := loadModel("pins-bench", cfg, &certmagic.FileStorage{Path: b.TempDir()}, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer models.Delete("pins-bench")
+	l.model.activate(l)
+	defer l.model.deactivate(l)
+	now := time.Now()
+	for i := range 100_000 { // used over the last 30 minutes
+		at := now.Add(-30 * time.Minute).Add(time.Duration(i) * 18 * time.Millisecond)
+		l.plan.View().Pick(selection.Request{Key: fmt.Sprint("conv-", i), Now: at}).Release()
+	}
+	for b.Loop() {
+		l.model.pins.written = 0 // as if a request came since the last write
+		l.model.writePins(l, now)
+	}
+	st := l.model.pinStatus(l)
+	if st.LastWritePins != 100_000 || st.WriteError != "" {
+		b.Fatalf("%+v", st)
+	}
+	b.ReportMetric(float64(st.LastWriteBytes), "bytes")
+}
