@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -53,7 +54,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err := cfg.provision(name); err != nil {
 			return err
 		}
-		l, err := loadModel(name, cfg, logger)
+		l, err := loadModel(name, cfg, ctx.Storage(), logger)
 		if err != nil {
 			return err
 		}
@@ -97,10 +98,14 @@ func (a *App) Start() error {
 
 // Stop gives each model back to the newest config still running, if this
 // one was applied. Pollers and processes belong to the models, which stop
-// them when the last config that uses them is cleaned up.
+// them when the last config that uses them is cleaned up. A model no
+// running config uses any more writes its pin snapshot here, while this
+// config's storage is still open (Cleanup may close it).
 func (a *App) Stop() error {
 	for _, l := range a.loads {
-		l.model.deactivate(l)
+		if l.model.deactivate(l) {
+			l.model.writePins(l, time.Now())
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"strconv"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -39,6 +40,7 @@ func init() {
 //			active_window <duration>
 //			max_sessions <n>
 //			metrics_interval <duration>
+//			pin_snapshot_interval <duration>|off
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -138,6 +140,8 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			m.MaxSessions, err = positiveInt(d)
 		case "metrics_interval":
 			m.MetricsInterval, err = duration(d)
+		case "pin_snapshot_interval":
+			m.PinSnapshotInterval, err = durationOrOff(d)
 		default:
 			return nil, d.Errf("unrecognized model option %q", opt)
 		}
@@ -283,4 +287,21 @@ func duration(d *caddyfile.Dispenser) (caddy.Duration, error) {
 		return 0, d.Errf("%s: expected a positive duration such as 30s or 5m, got %q", opt, d.Val())
 	}
 	return caddy.Duration(v), nil
+}
+
+// durationOrOff reads a duration, or off (or 0), written as 0.
+func durationOrOff(d *caddyfile.Dispenser) (*caddy.Duration, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return nil, d.Errf("%s: expected a duration such as 30s, or off", opt)
+	}
+	var v time.Duration
+	if d.Val() != "off" {
+		var err error
+		if v, err = caddy.ParseDuration(d.Val()); err != nil || v < 0 {
+			return nil, d.Errf("%s: expected a duration such as 30s, or off, got %q", opt, d.Val())
+		}
+	}
+	out := caddy.Duration(v)
+	return &out, nil
 }

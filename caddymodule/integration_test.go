@@ -49,6 +49,13 @@ type fleet struct {
 // {replicas} / {server}) in front of the given backends.
 func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 	t.Helper()
+	return startFleetIn(t, "", modelBlock, backends...)
+}
+
+// startFleetIn is startFleet with Caddy's data directory under dataDir,
+// kept for the next Caddy ("" is a temporary one).
+func startFleetIn(t *testing.T, dataDir, modelBlock string, backends ...*fakeVLLM) *fleet {
+	t.Helper()
 	admin, site := testnet.Addr(t), testnet.Addr(t)
 	var addrs []string
 	for _, b := range backends {
@@ -74,7 +81,7 @@ http://%s {
 `, admin, block, site, strings.Join(addrs, " "))
 	var logs strings.Builder
 	var logMu sync.Mutex
-	p, err := caddyproc.Start(caddyBin, caddyfile, admin, writerFunc(func(b []byte) (int, error) {
+	p, err := caddyproc.StartIn(dataDir, caddyBin, caddyfile, admin, writerFunc(func(b []byte) (int, error) {
 		logMu.Lock()
 		defer logMu.Unlock()
 		return logs.Write(b)

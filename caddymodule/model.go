@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/fleet"
@@ -25,9 +26,9 @@ import (
 var models = caddy.NewUsagePool()
 
 // model is the state of one model that survives config reloads: the fleet
-// runtime and the poller that feeds it. Settings are not state: each config
-// load has its own (modelLoad), and the one applied is the newest started
-// load still running.
+// runtime, the poller that feeds it and the pins' snapshot. Settings are
+// not state: each config load has its own (modelLoad), and the one applied
+// is the newest started load still running.
 type model struct {
 	name      string
 	fleet     *fleet.Model
@@ -35,6 +36,7 @@ type model struct {
 	transport *http.Transport
 
 	logger atomic.Pointer[zap.Logger] // the applied load's; read by health callbacks
+	pins   pinSnapshot
 
 	mu     sync.Mutex
 	live   []*modelLoad       // started and not stopped, oldest first
@@ -45,19 +47,20 @@ type model struct {
 // modelLoad is one config load's version of a model: its settings, its
 // routing plan and its processes. It is private to its load until Start.
 type modelLoad struct {
-	model  *model
-	cfg    *ModelConfig
-	plan   *fleet.Plan
-	procs  []process
-	logger *zap.Logger
+	model   *model
+	cfg     *ModelConfig
+	plan    *fleet.Plan
+	procs   []process
+	storage certmagic.Storage // the config's, where pin snapshots go
+	logger  *zap.Logger
 }
 
 // loadModel takes a reference on the model's live state, creating it for a
-// new model, and prepares this load's version of it. Nothing the running
-// config uses changes.
-func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*modelLoad, error) {
+// new model (reading its pin snapshot), and prepares this load's version of
+// it. Nothing the running config uses changes.
+func loadModel(name string, cfg *ModelConfig, storage certmagic.Storage, logger *zap.Logger) (*modelLoad, error) {
 	v, _, err := models.LoadOrNew(name, func() (caddy.Destructor, error) {
-		m := &model{name: name}
+		m := &model{name: name, pins: pinSnapshot{key: pinSnapshotKey(name)}}
 		m.fleet = fleet.New(name, cfg.metricsInterval(), time.Now(), m.logHealthChange)
 		// Its own transport, so that Destruct can close its idle connections.
 		m.transport = http.DefaultTransport.(*http.Transport).Clone()
@@ -69,6 +72,9 @@ func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*modelLoad, e
 			OnHealth: m.fleet.ObserveHealth,
 		}, nil)
 		m.logger.Store(logger)
+		if cfg.pinSnapshotInterval() > 0 {
+			m.pins.load(storage, logger)
+		}
 		return m, nil
 	})
 	if err != nil {
@@ -76,30 +82,35 @@ func loadModel(name string, cfg *ModelConfig, logger *zap.Logger) (*modelLoad, e
 	}
 	m := v.(*model)
 	return &modelLoad{
-		model:  m,
-		cfg:    cfg,
-		plan:   m.fleet.Prepare(cfg.fleetSpec()),
-		logger: logger,
+		model:   m,
+		cfg:     cfg,
+		plan:    m.fleet.Prepare(cfg.fleetSpec()),
+		storage: storage,
+		logger:  logger,
 	}, nil
 }
 
-// activate makes l the model's applied version; called by Start.
+// activate makes l the model's applied version; called by Start. The
+// first load to start restores the pins read at creation.
 func (m *model) activate(l *modelLoad) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.live = append(m.live, l)
 	m.applyLocked(l)
+	m.restorePins(l, time.Now())
 }
 
 // deactivate drops l, called by Stop. When l was applied, the newest load
 // still running is applied again: that is how a config whose start failed
 // after this app started gives the routing back to the running config.
-func (m *model) deactivate(l *modelLoad) {
+// last reports that no running config uses the model any more: Caddy is
+// exiting, or the new config dropped the model.
+func (m *model) deactivate(l *modelLoad) (last bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i := slices.Index(m.live, l)
 	if i < 0 {
-		return
+		return false
 	}
 	m.live = slices.Delete(m.live, i, i+1)
 	if i == len(m.live) && len(m.live) > 0 {
@@ -110,6 +121,7 @@ func (m *model) deactivate(l *modelLoad) {
 		servers = append(servers, other.plan.Addresses()...)
 	}
 	m.fleet.Retain(servers)
+	return len(m.live) == 0
 }
 
 func (m *model) applyLocked(l *modelLoad) {
@@ -160,8 +172,8 @@ func startingUp(r health.Reason) bool {
 	return r == health.ReasonNoMetrics || r == health.ReasonNoHealthCheck
 }
 
-// start runs the metrics poller and the session sweeper until Destruct.
-// Starting a running model does nothing.
+// start runs the metrics poller, the session sweeper and the periodic pin
+// snapshot until Destruct. Starting a running model does nothing.
 func (m *model) start() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -179,6 +191,7 @@ func (m *model) run(ctx context.Context, done chan struct{}) {
 	wg.Go(func() { _ = m.poller.Run(ctx) })
 	tick := time.NewTicker(fleet.SweepInterval)
 	defer tick.Stop()
+	lastPins := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -186,6 +199,10 @@ func (m *model) run(ctx context.Context, done chan struct{}) {
 			return
 		case now := <-tick.C:
 			m.fleet.Tick(now)
+			if l := m.applied(); l != nil && now.Sub(lastPins) >= l.cfg.pinSnapshotInterval() {
+				lastPins = now
+				m.writePins(l, now)
+			}
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -214,8 +215,8 @@ func TestHourStats(t *testing.T) {
 // panelData covers every live model with its status, counters' start in
 // words and the traffic of its replicas only.
 func TestPanelDataOfLiveModel(t *testing.T) {
-	cfg := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}, MaxNumSeqs: 32}
-	l, err := loadModel("panel-unit", cfg, zap.NewNop())
+	cfg := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}, MaxNumSeqs: 32, PinSnapshotInterval: new(caddy.Duration)}
+	l, err := loadModel("panel-unit", cfg, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

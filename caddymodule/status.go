@@ -28,6 +28,27 @@ type ModelStatus struct {
 	PrefixHitRate      float64         `json:"prefix_hit_rate"` // fleet, over the last 5 minutes
 	Since              time.Time       `json:"since"`
 	Replicas           []ReplicaStatus `json:"replicas"`
+	// PinSnapshot is absent when snapshots are off.
+	PinSnapshot *PinSnapshotStatus `json:"pin_snapshot,omitempty"`
+}
+
+// PinSnapshotStatus is the model's pin snapshot in Caddy's storage: the last
+// write, and what became of the snapshot read at start.
+type PinSnapshotStatus struct {
+	Key             string    `json:"key"` // in Caddy's storage, by default under its data directory
+	LastWritten     time.Time `json:"last_written,omitzero"`
+	LastWritePins   int       `json:"last_write_pins"`
+	LastWriteBytes  int       `json:"last_write_bytes"`
+	LastWriteMillis float64   `json:"last_write_ms"`         // copy, encoding and storage
+	WriteError      string    `json:"write_error,omitempty"` // of the last attempt
+	LoadError       string    `json:"load_error,omitempty"`  // the snapshot at start was unreadable
+	// Of the snapshot read at start: pins restored, and dropped by reason.
+	Restored              int `json:"restored"`
+	Dropped               int `json:"dropped"`
+	DroppedExpired        int `json:"dropped_expired"`         // idle past session_ttl
+	DroppedUnknownReplica int `json:"dropped_unknown_replica"` // a replica no longer configured
+	DroppedOverCapacity   int `json:"dropped_over_capacity"`   // beyond max_sessions
+	DroppedAlreadyPinned  int `json:"dropped_already_pinned"`  // placed by a request before the restore
 }
 
 // ReplicaStatus is one row of the panel.
@@ -77,6 +98,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		SessionsExpired:    st.Expired,
 		Since:              st.Since,
 		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
+		PinSnapshot:        l.model.pinStatus(l),
 	}
 	if l.cfg.Server != nil {
 		out.Mode = "ranks"

@@ -110,8 +110,17 @@ type Process struct {
 
 // Start runs bin with the Caddyfile text, whose global options must set
 // `admin <admin>`, and waits until the admin API answers. Caddy's log goes
-// to logw (nil discards it).
+// to logw (nil discards it). Its data directory is temporary, removed when
+// it exits.
 func Start(bin, caddyfile, admin string, logw io.Writer) (*Process, error) {
+	return StartIn("", bin, caddyfile, admin, logw)
+}
+
+// StartIn is Start with Caddy's data directory (its storage: certificates,
+// locks, warden's pin snapshots) under dataDir, which is kept when Caddy
+// exits, so that the next Caddy started on it finds what this one left.
+// An empty dataDir is Start's temporary one.
+func StartIn(dataDir, bin, caddyfile, admin string, logw io.Writer) (*Process, error) {
 	dir, err := os.MkdirTemp("", "warden-caddy-")
 	if err != nil {
 		return nil, err
@@ -125,7 +134,10 @@ func Start(bin, caddyfile, admin string, logw io.Writer) (*Process, error) {
 	}
 	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
 	cmd.Stdout, cmd.Stderr = logw, logw
-	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir, "HOME="+dir)
+	if dataDir == "" {
+		dataDir = dir
+	}
+	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+dataDir, "XDG_CONFIG_HOME="+dir, "HOME="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
