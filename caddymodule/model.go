@@ -72,7 +72,7 @@ func loadModel(name string, cfg *ModelConfig, storage certmagic.Storage, logger 
 			OnHealth: m.fleet.ObserveHealth,
 		}, nil)
 		m.logger.Store(logger)
-		if cfg.pinSnapshotInterval() > 0 {
+		if storage != nil && cfg.pinSnapshotInterval() > 0 {
 			m.pins.load(storage, logger)
 		}
 		return m, nil

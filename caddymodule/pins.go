@@ -97,7 +97,7 @@ func (m *model) restorePins(l *modelLoad, now time.Time) {
 // already current, bar expiry, which restore applies). It runs on the
 // sweeper's goroutine or in Stop, never on a request's.
 func (m *model) writePins(l *modelLoad, now time.Time) {
-	if l.cfg.pinSnapshotInterval() <= 0 {
+	if l.storage == nil || l.cfg.pinSnapshotInterval() <= 0 {
 		return
 	}
 	p := &m.pins
