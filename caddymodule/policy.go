@@ -150,8 +150,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 		},
 		Now: time.Now(),
 	}
-	if cfg.Server != nil && !p.view.Affinity() {
-		// Affinity off with internal DP: vLLM's own balancer decides.
+	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
+		// Affinity off with internal DP: vLLM's own balancer decides,
+		// unless an allowed client chose its rank.
 		held.set(selection.Decision{})
 		r.Header.Del(RankHeader)
 		caddyhttp.SetVar(ctx, varOutcome, "delegated")

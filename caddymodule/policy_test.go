@@ -337,31 +337,39 @@ func TestSelectClientPinningOn(t *testing.T) {
 func TestSelectRanksAffinityOffDelegates(t *testing.T) {
 	off := false
 	fx := newSelectFixture(t, &ModelConfig{Server: &ServerConfig{Address: addrA, Ranks: 4}, Affinity: &off}, nil)
-	for _, pinning := range []bool{false, true} {
-		fx.p.cfg.ClientPinning = pinning
-		r, cancel := newProxyRequest(t, "X-Claude-Code-Session-Id", "s", RankHeader, "2")
-		u := fx.p.Select(pool(addrA), r, nil)
-		ctx := r.Context()
-		if u == nil || u.Dial != addrA {
-			t.Fatalf("client_pinning %v: upstream %v, want the server %s", pinning, u, addrA)
-		}
-		if v, ok := r.Header[http.CanonicalHeaderKey(RankHeader)]; ok {
-			t.Errorf("client_pinning %v: %s on the request: %q", pinning, RankHeader, v)
-		}
-		if got := caddyhttp.GetVar(ctx, varOutcome); got != "delegated" {
-			t.Errorf("client_pinning %v: outcome %v, want delegated", pinning, got)
-		}
-		if got := caddyhttp.GetVar(ctx, varRank); got != nil {
-			t.Errorf("client_pinning %v: var rank %v", pinning, got)
-		}
-		if total, _ := fx.inFlight(); total != 0 {
-			t.Errorf("client_pinning %v: %d in flight for a delegated request", pinning, total)
-		}
-		cancel()
+	// Without client pinning a client's rank is dropped and vLLM decides.
+	r, cancel := newProxyRequest(t, "X-Claude-Code-Session-Id", "s", RankHeader, "2")
+	u := fx.p.Select(pool(addrA), r, nil)
+	ctx := r.Context()
+	if u == nil || u.Dial != addrA {
+		t.Fatalf("upstream %v, want the server %s", u, addrA)
+	}
+	if v, ok := r.Header[http.CanonicalHeaderKey(RankHeader)]; ok {
+		t.Errorf("%s on the request: %q", RankHeader, v)
+	}
+	if got := caddyhttp.GetVar(ctx, varOutcome); got != "delegated" {
+		t.Errorf("outcome %v, want delegated", got)
+	}
+	if got := caddyhttp.GetVar(ctx, varRank); got != nil {
+		t.Errorf("var rank %v", got)
+	}
+	if total, _ := fx.inFlight(); total != 0 {
+		t.Errorf("%d in flight for a delegated request", total)
+	}
+	cancel()
+	// With client pinning the client's rank is honoured, as with affinity on.
+	fx.p.cfg.ClientPinning = true
+	r, cancel = newProxyRequest(t, "X-Claude-Code-Session-Id", "s", RankHeader, "2")
+	defer cancel()
+	if u := fx.p.Select(pool(addrA), r, nil); u == nil || r.Header.Get(RankHeader) != "2" ||
+		caddyhttp.GetVar(r.Context(), varOutcome) != "client_pinned" {
+		t.Errorf("client_pinning on, affinity off: upstream %v, rank %q, outcome %v; want rank 2, client_pinned",
+			u, r.Header.Get(RankHeader), caddyhttp.GetVar(r.Context(), varOutcome))
 	}
 	// The server is no upstream of the pool: nothing to return, and a
 	// warning.
-	r, _ := newProxyRequest(t)
+	fx.p.cfg.ClientPinning = false
+	r, _ = newProxyRequest(t)
 	if u := fx.p.Select(pool(addrB), r, nil); u != nil {
 		t.Errorf("upstream %v from a pool without the server", u)
 	}
