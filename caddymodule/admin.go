@@ -180,6 +180,9 @@ func decodeBody(r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return badRequest(fmt.Errorf("decoding request body: %v", err))
 	}
+	if dec.More() {
+		return badRequest(errors.New("decoding request body: trailing data after the JSON object"))
+	}
 	return nil
 }
 

@@ -65,6 +65,7 @@ func TestAdminRefusals(t *testing.T) {
 		{"POST", "/warden/models/admin-unit/affinity", `{"enabled":"no"}`, 400, "decoding request body: json: cannot unmarshal string"},
 		{"POST", "/warden/models/admin-unit/affinity", `{"enabled":false,"model":"x"}`, 400, `decoding request body: json: unknown field "model"`},
 		{"POST", "/warden/models/admin-unit/affinity", `{"enable":false}`, 400, `decoding request body: json: unknown field "enable"`},
+		{"POST", "/warden/models/admin-unit/affinity", `{"enabled":false} {"enabled":true}`, 400, `decoding request body: trailing data after the JSON object`},
 		{"POST", "/warden/models/admin-unit/affinity", `{}`, 400, `expected {"enabled": true|false}`},
 		{"POST", "/warden/models/admin-unit/affinity", `{"enabled":null}`, 400, `expected {"enabled": true|false}`},
 		{"POST", "/warden/models/admin-unit/affinity", `{"enabled":true` + strings.Repeat(" ", 70<<10) + `}`, 400, "request body too large"},
