@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"net"
 	"strconv"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func init() {
@@ -102,11 +105,18 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 				return nil, d.Err("replicas needs at least one host:port")
 			}
 			for _, a := range addrs {
+				if err := checkAddress(d, a); err != nil {
+					return nil, err
+				}
 				m.Replicas = append(m.Replicas, ReplicaConfig{Address: a})
 			}
 		case "replica":
 			var r ReplicaConfig
-			d.Args(&r.Address)
+			if d.Args(&r.Address) {
+				if err := checkAddress(d, r.Address); err != nil {
+					return nil, err
+				}
+			}
 			r.Process, err = parseProcessBlock(d)
 			m.Replicas = append(m.Replicas, r)
 		case "server":
@@ -138,6 +148,9 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			m.ActiveWindow, err = duration(d)
 		case "max_sessions":
 			m.MaxSessions, err = positiveInt(d)
+			if err == nil && m.MaxSessions < selection.MinMaxSessions {
+				err = d.Errf("max_sessions must be at least %d", selection.MinMaxSessions)
+			}
 		case "metrics_interval":
 			m.MetricsInterval, err = duration(d)
 		case "pin_snapshot_interval":
@@ -165,6 +178,9 @@ func parseServer(d *caddyfile.Dispenser) (*ServerConfig, error) {
 		ranks, err := strconv.Atoi(args[2])
 		if err != nil || ranks < 1 {
 			return nil, d.Errf("ranks: expected a positive integer, got %q", args[2])
+		}
+		if err := checkAddress(d, args[0]); err != nil {
+			return nil, err
 		}
 		srv.Address, srv.Ranks = args[0], ranks
 	case len(args) == 0: // from the process block
@@ -304,4 +320,12 @@ func durationOrOff(d *caddyfile.Dispenser) (*caddy.Duration, error) {
 	}
 	out := caddy.Duration(v)
 	return &out, nil
+}
+
+// checkAddress reports a replica address that is not host:port at its line.
+func checkAddress(d *caddyfile.Dispenser, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return d.Errf("address %q: want host:port: %v", addr, err)
+	}
+	return nil
 }
