@@ -9,6 +9,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // startDynamicFleet runs Caddy whose reverse_proxy lists no upstream: they
@@ -77,10 +78,10 @@ func TestDynamicUpstreams(t *testing.T) {
 		t.Fatalf("dynamic_upstreams %v, want source warden, model m", proxy["dynamic_upstreams"])
 	}
 
-	convs := conversations("dyn", 8)
+	convs := testrun.Sessions("dyn", 8)
 	home := map[string]string{}
 	var mu sync.Mutex
-	concurrently(len(convs), func(i int) {
+	testrun.Concurrently(len(convs), func(i int) {
 		served := f.turn(t, convs[i], holdHeader, "50ms")
 		mu.Lock()
 		home[convs[i]] = served
@@ -121,7 +122,7 @@ func TestDynamicUpstreams(t *testing.T) {
 		t.Fatalf("%d replicas after adding c", n)
 	}
 	// Conversations spread by load: new ones fill c, which has none.
-	for _, conv := range conversations("dyn-new", 4) {
+	for _, conv := range testrun.Sessions("dyn-new", 4) {
 		f.turn(t, conv)
 	}
 	if seen := sessionsSeen(c); len(seen) == 0 {

@@ -12,6 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 var (
@@ -122,9 +124,9 @@ func scrapeMetrics(t *testing.T, f *fleet) map[string]*dto.MetricFamily {
 func TestExportedMetrics(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
 	f := startFleet(t, "replicas {replicas}", backends...)
-	convs := conversations("metrics", 6)
+	convs := testrun.Sessions("metrics", 6)
 	for range 3 {
-		concurrently(len(convs), func(i int) { f.turn(t, convs[i], holdHeader, "50ms") })
+		testrun.Concurrently(len(convs), func(i int) { f.turn(t, convs[i], holdHeader, "50ms") })
 	}
 	f.turn(t, "") // one request without a session key
 	families := scrapeMetrics(t, f)

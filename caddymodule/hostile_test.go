@@ -21,6 +21,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // Hostile input through the real Caddy: oversized and malformed session
@@ -280,7 +281,7 @@ func TestSessionFloodStaysBounded(t *testing.T) {
 			f, _ := startRecordedFleet(t, hostileSetup{modelBlock: fmt.Sprintf("max_sessions %d", maxSessions)}, a, b)
 			const flood = 1000
 			var next atomic.Int64
-			concurrently(8, func(int) {
+			testrun.Concurrently(8, func(int) {
 				for i := next.Add(1); i <= flood; i = next.Add(1) {
 					if code, _ := f.post(t, []byte(smallBody), "X-Claude-Code-Session-Id", fmt.Sprintf("flood-%d", i)); code != http.StatusOK {
 						t.Errorf("flood request %d: status %d", i, code)
@@ -443,7 +444,7 @@ func TestHugeMetricsBody(t *testing.T) {
 	rssBefore := peakRSS(t, f.caddy.Pid())
 	logBefore := len(log.String())
 	b.hugeMetrics.Store(true)
-	eventually(t, 10*time.Second, "b unhealthy", func() bool {
+	testrun.Eventually(t, 10*time.Second, "b unhealthy", func() bool {
 		for _, r := range f.status(t).Replicas {
 			if r.Address == b.addr {
 				return !r.Healthy

@@ -15,6 +15,7 @@ import (
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // caddyBin is Caddy built from cmd/caddy once for all tests of the package.
@@ -117,7 +118,7 @@ func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
 
 func (f *fleet) waitHealthy(t *testing.T) {
 	t.Helper()
-	eventually(t, 10*time.Second, "every replica healthy", func() bool {
+	testrun.Eventually(t, 10*time.Second, "every replica healthy", func() bool {
 		for _, r := range f.status(t).Replicas {
 			if !r.Healthy || !r.MetricsKnown {
 				return false
@@ -125,17 +126,6 @@ func (f *fleet) waitHealthy(t *testing.T) {
 		}
 		return true
 	})
-}
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // turn sends one streaming request of a conversation and reads it to the
@@ -177,45 +167,23 @@ func (f *fleet) send(ctx context.Context, session string, header ...string) (*ht
 // close fails with EOF (Go does not retry a POST), as any client's would.
 var siteClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
-// concurrently runs n calls of fn at once and waits for them.
-func concurrently(n int, fn func(i int)) {
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			fn(i)
-		})
-	}
-	close(start)
-	wg.Wait()
-}
-
-func conversations(prefix string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("%s-%02d", prefix, i)
-	}
-	return out
-}
-
 func TestReplicasMode(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
 	// Auto threshold 32: 40 concurrent conversations on 3 replicas do not spill.
 	f := startFleet(t, "replicas {replicas}\n\t\t\tmax_num_seqs 128", backends...)
-	convs := conversations("conv", 40)
+	convs := testrun.Sessions("conv", 40)
 	home := map[string]string{}
 	var homeMu sync.Mutex
 
 	t.Run("conversations stay and new ones spread evenly", func(t *testing.T) {
-		concurrently(len(convs), func(i int) {
+		testrun.Concurrently(len(convs), func(i int) {
 			served := f.turn(t, convs[i], holdHeader, "50ms")
 			homeMu.Lock()
 			home[convs[i]] = served
 			homeMu.Unlock()
 		})
 		for range 4 {
-			concurrently(len(convs), func(i int) {
+			testrun.Concurrently(len(convs), func(i int) {
 				if served := f.turn(t, convs[i]); served != home[convs[i]] {
 					t.Errorf("%s served by %s, pinned to %s", convs[i], served, home[convs[i]])
 				}
@@ -249,7 +217,7 @@ func TestReplicasMode(t *testing.T) {
 		}
 		before := spilled(f.status(t))
 		pin := f.turn(t, "spill")
-		concurrently(6, func(int) { f.turn(t, "spill", holdHeader, "400ms") })
+		testrun.Concurrently(6, func(int) { f.turn(t, "spill", holdHeader, "400ms") })
 		engines := sessionsSeen(backends...)["spill"]
 		if len(engines) < 2 {
 			t.Errorf("6 concurrent requests over threshold 2 stayed on %v", engines)
@@ -275,7 +243,7 @@ func TestReplicasMode(t *testing.T) {
 		}
 		servedBy := map[string]int{}
 		var mu sync.Mutex
-		concurrently(6, func(int) {
+		testrun.Concurrently(6, func(int) {
 			served := f.turn(t, convs[0], holdHeader, "300ms")
 			mu.Lock()
 			servedBy[served]++
@@ -313,7 +281,7 @@ func TestReplicasMode(t *testing.T) {
 	})
 
 	t.Run("in-flight counts return to zero after aborts", func(t *testing.T) {
-		concurrently(12, func(i int) {
+		testrun.Concurrently(12, func(i int) {
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancel()
 			resp, err := f.send(ctx, convs[i], holdHeader, "5s")
@@ -322,7 +290,7 @@ func TestReplicasMode(t *testing.T) {
 				resp.Body.Close()
 			}
 		})
-		eventually(t, 5*time.Second, "in flight back to 0", func() bool {
+		testrun.Eventually(t, 5*time.Second, "in flight back to 0", func() bool {
 			st := f.status(t)
 			for _, r := range st.Replicas {
 				if r.InFlight != 0 {
@@ -344,9 +312,9 @@ func spilled(st caddymodule.ModelStatus) (n uint64) {
 func TestRanksMode(t *testing.T) {
 	server := startFakeVLLM(t, "dp", 4)
 	f := startFleet(t, "server {server} ranks 4", server)
-	convs := conversations("rank", 12)
+	convs := testrun.Sessions("rank", 12)
 	for turn := range 3 {
-		concurrently(len(convs), func(i int) {
+		testrun.Concurrently(len(convs), func(i int) {
 			// A forged rank must be replaced by warden's own choice. The
 			// first turns are held open so that they are all in flight
 			// together, as in the replicas test.

@@ -16,6 +16,7 @@ import (
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 var (
@@ -102,7 +103,7 @@ func startSupervised(t *testing.T) *supervisedFleet {
 func (f *supervisedFleet) waitReady(t *testing.T, n int) caddymodule.ModelStatus {
 	t.Helper()
 	var st caddymodule.ModelStatus
-	eventually(t, 30*time.Second, fmt.Sprintf("%d processes ready", n), func() bool {
+	testrun.Eventually(t, 30*time.Second, fmt.Sprintf("%d processes ready", n), func() bool {
 		st = f.status(t)
 		ready := 0
 		for _, r := range st.Replicas {
@@ -167,7 +168,7 @@ func TestSupervisedReplicas(t *testing.T) {
 		if err := syscall.Kill(victim.Process.PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "the killed child restarted", func() bool {
+		testrun.Eventually(t, 30*time.Second, "the killed child restarted", func() bool {
 			for _, r := range f.status(t).Replicas {
 				if r.ID == victim.ID && r.Process.Restarts == 1 {
 					return true
@@ -207,7 +208,7 @@ func TestSupervisedReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		var delays []time.Duration
-		eventually(t, 15*time.Second, "three growing restart delays", func() bool {
+		testrun.Eventually(t, 15*time.Second, "three growing restart delays", func() bool {
 			for _, r := range f.status(t).Replicas {
 				p := r.Process
 				if p == nil || p.State != "restarting" || p.NextRestart.IsZero() {

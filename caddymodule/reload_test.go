@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // A config load is a transaction: one that Caddy rejects, wherever it
@@ -17,7 +18,7 @@ import (
 func TestRejectedReloadChangesNothing(t *testing.T) {
 	a, b, c := startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)
 	f := startFleet(t, "replicas {replicas}\n\t\t\tspill_threshold 5", a, b)
-	sessions := conversations("tx", 8)
+	sessions := testrun.Sessions("tx", 8)
 	home := map[string]string{}
 	for _, s := range sessions {
 		home[s] = f.turn(t, s)
@@ -126,7 +127,7 @@ func TestRejectedReloadChangesNothing(t *testing.T) {
 			t.Fatalf("after the load: threshold %d, affinity %v, %d replicas, sessions %d (was %d), requests %d (was %d)",
 				st.SpillThreshold, st.Affinity, len(st.Replicas), st.Sessions, before.Sessions, st.Requests, before.Requests)
 		}
-		eventually(t, 5*time.Second, "the new server polled", func() bool { return c.scrapes.Load() > 0 })
+		testrun.Eventually(t, 5*time.Second, "the new server polled", func() bool { return c.scrapes.Load() > 0 })
 		f.turn(t, sessions[0])
 		if got := unpinned(f.status(t)) - unpinned(st); got != 1 {
 			t.Fatalf("affinity off: %d requests placed by load, want 1", got)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 const restartBlock = "replicas {replicas}\n\t\t\tmax_num_seqs 128"
@@ -17,7 +18,7 @@ func pinAll(t *testing.T, f *fleet, convs []string) map[string]string {
 	t.Helper()
 	home := map[string]string{}
 	var mu sync.Mutex
-	concurrently(len(convs), func(i int) {
+	testrun.Concurrently(len(convs), func(i int) {
 		served := f.turn(t, convs[i], holdHeader, "50ms")
 		mu.Lock()
 		home[convs[i]] = served
@@ -50,7 +51,7 @@ func TestPinsSurviveARestart(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
 	data := t.TempDir()
 	first := startFleetIn(t, data, restartBlock, backends...)
-	convs := conversations("restart", 20)
+	convs := testrun.Sessions("restart", 20)
 	home := pinAll(t, first, convs)
 	used := map[string]bool{}
 	for _, b := range home {
@@ -77,11 +78,11 @@ func TestPinsSurviveARestart(t *testing.T) {
 	}
 
 	// A crash: what the last periodic write saw comes back.
-	late := conversations("late", 5)
+	late := testrun.Sessions("late", 5)
 	for c, b := range pinAll(t, second, late) {
 		home[c] = b
 	}
-	eventually(t, 5*time.Second, "a periodic write of all 25 conversations", func() bool {
+	testrun.Eventually(t, 5*time.Second, "a periodic write of all 25 conversations", func() bool {
 		return pinSnapshot(t, second).LastWritePins == 25
 	})
 	if err := syscall.Kill(second.caddy.Pid(), syscall.SIGKILL); err != nil {
@@ -107,7 +108,7 @@ func TestRestartDropsPinsOfARemovedReplica(t *testing.T) {
 	a, b, c, d := startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1), startFakeVLLM(t, "d", 1)
 	data := t.TempDir()
 	first := startFleetIn(t, data, restartBlock, a, b, c)
-	convs := conversations("moved", 21)
+	convs := testrun.Sessions("moved", 21)
 	home := pinAll(t, first, convs)
 	onC := 0
 	for _, served := range home {
@@ -145,7 +146,7 @@ func TestRestartDropsExpiredPins(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
 	data := t.TempDir()
 	first := startFleetIn(t, data, restartBlock, backends...)
-	pinAll(t, first, conversations("expired", 10))
+	pinAll(t, first, testrun.Sessions("expired", 10))
 	if err := first.caddy.Stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // The simulated replicas. Each engine has 100,000 KV blocks (40 times the
@@ -133,7 +134,7 @@ http://%[5]s {
 		url:           "http://" + panelAddr + "/warden/",
 		authorization: "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)),
 	}}
-	eventually(t, 10*time.Second, "every replica healthy", func() bool {
+	testrun.Eventually(t, 10*time.Second, "every replica healthy", func() bool {
 		st := f.status(t)
 		for _, r := range st.Replicas {
 			if !r.Healthy || !r.MetricsKnown {
@@ -142,7 +143,7 @@ http://%[5]s {
 		}
 		return len(st.Replicas) == replicas
 	})
-	eventually(t, 10*time.Second, "the panel site answering", func() bool {
+	testrun.Eventually(t, 10*time.Second, "the panel site answering", func() bool {
 		resp, err := http.Get(f.panel.url)
 		if err != nil {
 			return false
@@ -165,17 +166,6 @@ func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
 		t.Fatal(err)
 	}
 	return st
-}
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // systemPrompt is shared by every conversation, as an agent's is: about
@@ -252,26 +242,4 @@ func (f *fleet) holdRequests(t *testing.T, sessions []string) {
 			}
 		})
 	}
-}
-
-// concurrently runs n calls of fn at once and waits for them.
-func concurrently(n int, fn func(i int)) {
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			fn(i)
-		})
-	}
-	close(start)
-	wg.Wait()
-}
-
-func conversations(prefix string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("%s-%02d", prefix, i)
-	}
-	return out
 }

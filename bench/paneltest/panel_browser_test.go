@@ -22,6 +22,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // get fetches the panel with the given Accept header, authenticated or not.
@@ -267,12 +268,12 @@ func TestPanelInBrowser(t *testing.T) {
 	}
 	// Load: nine conversations of four turns (8 tokens, about 200 ms of
 	// decoding each), then four requests held open.
-	convs := conversations("panel-conv", 9)
+	convs := testrun.Sessions("panel-conv", 9)
 	for range 4 {
-		concurrently(len(convs), func(i int) { f.turn(t, convs[i], 8) })
+		testrun.Concurrently(len(convs), func(i int) { f.turn(t, convs[i], 8) })
 	}
 	f.holdRequests(t, convs[:4])
-	eventually(t, 10*time.Second, "4 requests in flight, seen by the engines' metrics", func() bool {
+	testrun.Eventually(t, 10*time.Second, "4 requests in flight, seen by the engines' metrics", func() bool {
 		st := f.status(t)
 		running := 0.0
 		for _, r := range st.Replicas {

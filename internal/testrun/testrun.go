@@ -1,0 +1,47 @@
+// Package testrun holds the small loops that tests driving a real Caddy
+// share: wait for a condition, fire requests at once, name sessions.
+package testrun
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Eventually polls cond every 20 ms and fails the test if it does not hold
+// within the given time.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Concurrently runs n calls of fn released at the same instant and waits
+// for them all.
+func Concurrently(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			fn(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+}
+
+// Sessions names n sessions prefix-00, prefix-01, ...
+func Sessions(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return out
+}
