@@ -101,7 +101,10 @@ func TestConcurrentPlacementIsEven(t *testing.T) {
 	for g := range 1000 {
 		wg.Go(func() {
 			<-start
-			pick(t, r, fmt.Sprintf("session-%d", g)) // held: still in flight
+			// held: still in flight. Not pick: FailNow must run on the test's goroutine.
+			if d := r.Pick(Request{Key: fmt.Sprintf("session-%d", g), Now: t0}); d.Outcome == NoReplica {
+				t.Errorf("no replica for session %d", g)
+			}
 		})
 	}
 	close(start)
