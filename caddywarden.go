@@ -6,6 +6,7 @@
 package caddywarden
 
 import (
-	// The warden app, the lb_policy, the admin routes and the panel handler.
+	// The warden app, the lb_policy, the upstream source, the admin routes
+	// and the panel handler.
 	_ "github.com/lmwarden/caddy-warden/caddymodule"
 )

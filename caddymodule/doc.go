@@ -1,6 +1,7 @@
 // Package caddymodule is the Caddy side of warden: the `warden` app (global
 // option) with its supervised vLLM processes, the `warden` reverse_proxy
-// selection policy, the admin API routes, the `warden_panel` handler and the
-// Prometheus collector. Routing decisions live in package selection;
-// this package only adapts them to Caddy.
+// selection policy, the `warden` upstream source (`dynamic warden`), the
+// admin API routes, the `warden_panel` handler and the Prometheus collector.
+// Routing decisions live in package selection and the model's runtime in
+// package fleet; this package only adapts them to Caddy's lifecycle.
 package caddymodule
