@@ -203,6 +203,34 @@ func TestSupervisedReplicas(t *testing.T) {
 		}
 	})
 
+	t.Run("a rejected reload starts, stops and restarts no process", func(t *testing.T) {
+		marker := filepath.Join(t.TempDir(), "started")
+		third := strconv.Itoa(testnet.Port(t))
+		cfg := strings.NewReplacer(
+			"--time-scale 20 --max-num-seqs 16 --model m\n", "--time-scale 21 --max-num-seqs 16 --model m\n", // a changed command: a new process if applied
+			"{third}", fmt.Sprintf("replica 127.0.0.1:%s {\n\t\t\t\tprocess /bin/sh -c \"touch %s; sleep 30\"\n\t\t\t}", third, marker),
+			"{spill}", "3", "{third_upstream}", "127.0.0.1:"+third,
+		).Replace(f.template)
+		// A handler Caddy refuses in Provision, after the warden app's.
+		cfg += "http://" + testnet.Addr(t) + " {\n\turi path_regexp ([ x\n}\n"
+		if err := f.caddy.Do(http.MethodPost, "/load", []byte(cfg), nil, "Content-Type", "text/caddyfile"); err == nil {
+			t.Fatal("Caddy accepted a config with an invalid regexp")
+		}
+		time.Sleep(time.Second)
+		after := f.waitReady(t, 2)
+		if len(after.Replicas) != 2 {
+			t.Errorf("%d replicas after a rejected load, want 2", len(after.Replicas))
+		}
+		for id, pid := range pids(after) {
+			if pid != before[id] || !alive(pid) {
+				t.Errorf("%s: pid %d (alive %v) after a rejected load, was %d", id, pid, alive(pid), before[id])
+			}
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Error("the rejected config's new process was started")
+		}
+	})
+
 	t.Run("a child that exits at once backs off while the others serve", func(t *testing.T) {
 		if err := f.caddy.Do(http.MethodPost, "/load", []byte(f.config("3", strconv.Itoa(testnet.Port(t)))), nil, "Content-Type", "text/caddyfile"); err != nil {
 			t.Fatal(err)
