@@ -1,66 +1,19 @@
 package caddymodule_test
 
 import (
-	"fmt"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 
-	"github.com/lmwarden/caddy-warden/internal/caddyproc"
-	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
-
-// startDynamicFleet runs Caddy whose reverse_proxy lists no upstream: they
-// come from the model's replicas through `dynamic warden m`.
-func startDynamicFleet(t *testing.T, backends ...*fakeVLLM) *fleet {
-	t.Helper()
-	admin, site := testnet.Addr(t), testnet.Addr(t)
-	var addrs []string
-	for _, b := range backends {
-		addrs = append(addrs, b.addr)
-	}
-	caddyfile := fmt.Sprintf(`{
-	admin %s
-	default_bind 127.0.0.1
-	warden {
-		model m {
-			replicas %s
-			metrics_interval 100ms
-		}
-	}
-}
-http://%s {
-	reverse_proxy {
-		dynamic warden m
-		lb_policy warden m
-		flush_interval -1
-	}
-}
-`, admin, strings.Join(addrs, " "), site)
-	log := &syncBuffer{}
-	p, err := caddyproc.Start(caddyBin, caddyfile, admin, log)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", log.String())
-		}
-	})
-	f := &fleet{caddy: p, site: site, backends: backends}
-	f.waitHealthy(t)
-	return f
-}
 
 // `dynamic warden m` routes conversations to the model's replicas and
 // keeps them pinned, with no upstream written in reverse_proxy; a replica
 // added to the model through the config API becomes an upstream too.
 func TestDynamicUpstreams(t *testing.T) {
 	a, b, c := startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)
-	f := startDynamicFleet(t, a, b)
+	f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", dynamic: true}, a.addr, b.addr)
+	f.backends = []*fakeVLLM{a, b}
 
 	var running any
 	if err := f.caddy.Do(http.MethodGet, "/config/apps/http", nil, &running); err != nil {
@@ -79,14 +32,7 @@ func TestDynamicUpstreams(t *testing.T) {
 	}
 
 	convs := testrun.Sessions("dyn", 8)
-	home := map[string]string{}
-	var mu sync.Mutex
-	testrun.Concurrently(len(convs), func(i int) {
-		served := f.turn(t, convs[i], holdHeader, "50ms")
-		mu.Lock()
-		home[convs[i]] = served
-		mu.Unlock()
-	})
+	home := pinAll(t, f, convs)
 	for range 3 {
 		for _, conv := range convs {
 			if served := f.turn(t, conv); served != home[conv] {
@@ -114,9 +60,6 @@ func TestDynamicUpstreams(t *testing.T) {
 	if err := f.caddy.Do(http.MethodPost, "/config/apps/warden/models/m/replicas", map[string]string{"address": c.addr}, nil); err != nil {
 		t.Fatal(err)
 	}
-	// The reload shuts the old server down: a POST on one of its idle
-	// keep-alive connections could meet EOF, and is not retried.
-	http.DefaultClient.CloseIdleConnections()
 	f.waitHealthy(t)
 	if n := len(f.status(t).Replicas); n != 3 {
 		t.Fatalf("%d replicas after adding c", n)

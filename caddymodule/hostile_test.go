@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/internal/caddyproc"
-	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
@@ -120,57 +118,16 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// hostileSetup is the Caddyfile around a model: modelBlock goes inside
-// `model m`, proxyOptions inside reverse_proxy, globalOptions in the global
-// block.
-type hostileSetup struct {
-	modelBlock    string
-	proxyOptions  string
-	globalOptions string
-}
-
-// startRecordedFleet is startFleet with recording backends, extra options
-// and Caddy's log kept for inspection.
-func startRecordedFleet(t *testing.T, setup hostileSetup, backends ...*recordingBackend) (*fleet, *syncBuffer) {
+// startRecordedFleet is startFleet with recording backends and the setup's
+// options, Caddy's log kept for inspection.
+func startRecordedFleet(t *testing.T, setup caddySetup, backends ...*recordingBackend) (*fleet, *syncBuffer) {
 	t.Helper()
-	admin, site := testnet.Addr(t), testnet.Addr(t)
-	var addrs []string
-	for _, b := range backends {
-		addrs = append(addrs, b.addr)
+	addrs := make([]string, len(backends))
+	for i, b := range backends {
+		addrs[i] = b.addr
 	}
-	caddyfile := fmt.Sprintf(`{
-	admin %s
-	%s
-	warden {
-		model m {
-			replicas %s
-			metrics_interval 100ms
-			%s
-		}
-	}
-}
-http://%s {
-	reverse_proxy %s {
-		lb_policy warden m
-		flush_interval -1
-		%s
-	}
-}
-`, admin, setup.globalOptions, strings.Join(addrs, " "), setup.modelBlock, site, strings.Join(addrs, " "), setup.proxyOptions)
-	log := &syncBuffer{}
-	p, err := caddyproc.Start(caddyBin, caddyfile, admin, log)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", log.String())
-		}
-	})
-	f := &fleet{caddy: p, site: site}
-	f.waitHealthy(t)
-	return f, log
+	setup.modelBlock = "replicas {replicas}\n\t\t\t" + setup.modelBlock
+	return runCaddy(t, setup, addrs...)
 }
 
 // post sends a request with the given body and headers and reads the answer.
@@ -217,7 +174,7 @@ const smallBody = `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role"
 
 func TestHostileSessionHeaders(t *testing.T) {
 	a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-	f, _ := startRecordedFleet(t, hostileSetup{}, a, b)
+	f, _ := startRecordedFleet(t, caddySetup{}, a, b)
 
 	// Caddy reads about 16 KiB of request headers (max_header_size, plus
 	// Go's 4 KiB of slack).
@@ -278,7 +235,7 @@ func TestSessionFloodStaysBounded(t *testing.T) {
 	for _, maxSessions := range []int{128, 100} {
 		t.Run(fmt.Sprintf("max_sessions %d", maxSessions), func(t *testing.T) {
 			a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-			f, _ := startRecordedFleet(t, hostileSetup{modelBlock: fmt.Sprintf("max_sessions %d", maxSessions)}, a, b)
+			f, _ := startRecordedFleet(t, caddySetup{modelBlock: fmt.Sprintf("max_sessions %d", maxSessions)}, a, b)
 			const flood = 1000
 			var next atomic.Int64
 			testrun.Concurrently(8, func(int) {
@@ -305,7 +262,7 @@ func TestSessionFloodStaysBounded(t *testing.T) {
 // replica: both headers are removed before the request leaves Caddy.
 func TestForgedReplicaHeadersAreStripped(t *testing.T) {
 	a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-	f, _ := startRecordedFleet(t, hostileSetup{}, a, b)
+	f, _ := startRecordedFleet(t, caddySetup{}, a, b)
 	_, home := f.post(t, []byte(smallBody), "X-Claude-Code-Session-Id", "forger")
 	other := map[string]string{"a/0": b.addr, "b/0": a.addr}[home]
 	for turn := range 4 {
@@ -330,7 +287,7 @@ func TestForgedReplicaHeadersAreStripped(t *testing.T) {
 // it holds, the backend must receive the exact bytes.
 func TestMalformedBodiesPassIntact(t *testing.T) {
 	a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-	f, _ := startRecordedFleet(t, hostileSetup{modelBlock: "session_from_body"}, a, b)
+	f, _ := startRecordedFleet(t, caddySetup{modelBlock: "session_from_body"}, a, b)
 	longSession := `{"metadata":{"user_id":"{\"session_id\":\"s-long\"}"},"messages":[{"role":"user","content":"` + strings.Repeat("x", 200<<10) + `"}]}`
 	bodies := map[string][]byte{
 		"truncated JSON":              []byte(`{"model":"m","metadata":{"user_id":"{\"session_id\":\"s-1`),
@@ -399,7 +356,7 @@ func TestBodySessionSurvivesRetryAfterDialError(t *testing.T) {
 	for _, keyed := range []string{"header", "body"} {
 		t.Run("session in the "+keyed, func(t *testing.T) {
 			a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-			f, _ := startRecordedFleet(t, hostileSetup{
+			f, _ := startRecordedFleet(t, caddySetup{
 				modelBlock:   "session_from_body",
 				proxyOptions: "lb_retries 2\n\t\tfail_duration 30s",
 			}, a, b)
@@ -440,7 +397,7 @@ func TestBodySessionSurvivesRetryAfterDialError(t *testing.T) {
 // and its memory does not follow the body's size.
 func TestHugeMetricsBody(t *testing.T) {
 	a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-	f, log := startRecordedFleet(t, hostileSetup{}, a, b)
+	f, log := startRecordedFleet(t, caddySetup{}, a, b)
 	rssBefore := peakRSS(t, f.caddy.Pid())
 	logBefore := len(log.String())
 	b.hugeMetrics.Store(true)
@@ -502,7 +459,7 @@ func TestSessionIDsDoNotLeak(t *testing.T) {
 	const headerID, bodyID = "leak-check-header-5f0c8e3a", "leak-check-body-77d1b2c4"
 	for _, filtered := range []bool{true, false} {
 		t.Run(map[bool]string{true: "recommended log filter", false: "no log filter"}[filtered], func(t *testing.T) {
-			setup := hostileSetup{modelBlock: "session_from_body"}
+			setup := caddySetup{modelBlock: "session_from_body"}
 			if filtered {
 				setup.globalOptions = recommendedLogFilter(t)
 			}

@@ -57,15 +57,42 @@ func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 // kept for the next Caddy ("" is a temporary one).
 func startFleetIn(t *testing.T, dataDir, modelBlock string, backends ...*fakeVLLM) *fleet {
 	t.Helper()
+	f, _ := runCaddy(t, caddySetup{modelBlock: modelBlock, dataDir: dataDir}, addresses(backends)...)
+	f.backends = backends
+	return f
+}
+
+// caddySetup is the Caddyfile around model m: modelBlock goes inside the
+// model (with {replicas} / {server} for the backends' addresses),
+// proxyOptions inside reverse_proxy, globalOptions in the global block.
+type caddySetup struct {
+	modelBlock    string
+	proxyOptions  string
+	globalOptions string
+	// dynamic has reverse_proxy take its upstreams from `dynamic warden m`
+	// instead of listing them.
+	dynamic bool
+	// dataDir is Caddy's data directory, kept for the next Caddy; "" is a
+	// temporary one.
+	dataDir string
+}
+
+// runCaddy starts Caddy in front of the servers at addrs, waits until every
+// replica is healthy, and stops it when the test ends; its log is printed
+// if the test failed.
+func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *syncBuffer) {
+	t.Helper()
 	admin, site := testnet.Addr(t), testnet.Addr(t)
-	var addrs []string
-	for _, b := range backends {
-		addrs = append(addrs, b.addr)
+	block := strings.NewReplacer("{replicas}", strings.Join(addrs, " "), "{server}", addrs[0]).Replace(setup.modelBlock)
+	upstreams := strings.Join(addrs, " ")
+	if setup.dynamic {
+		upstreams = ""
+		setup.proxyOptions = "dynamic warden m\n\t\t" + setup.proxyOptions
 	}
-	block := strings.NewReplacer("{replicas}", strings.Join(addrs, " "), "{server}", addrs[0]).Replace(modelBlock)
 	caddyfile := fmt.Sprintf(`{
 	admin %s
 	default_bind 127.0.0.1
+	%s
 	warden {
 		model m {
 			%s
@@ -77,35 +104,48 @@ http://%s {
 	reverse_proxy %s {
 		lb_policy warden m
 		flush_interval -1
+		%s
 	}
 }
-`, admin, block, site, strings.Join(addrs, " "))
-	var logs strings.Builder
-	var logMu sync.Mutex
-	p, err := caddyproc.StartIn(dataDir, caddyBin, caddyfile, admin, writerFunc(func(b []byte) (int, error) {
-		logMu.Lock()
-		defer logMu.Unlock()
-		return logs.Write(b)
-	}))
+`, admin, setup.globalOptions, block, site, upstreams, setup.proxyOptions)
+	log := &syncBuffer{}
+	p, err := caddyproc.StartIn(setup.dataDir, caddyBin, caddyfile, admin, log)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, log.String())
 	}
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
-			logMu.Lock()
-			t.Logf("caddy log:\n%s", logs.String())
-			logMu.Unlock()
+			t.Logf("caddy log:\n%s", log.String())
 		}
 	})
-	f := &fleet{caddy: p, site: site, backends: backends}
+	f := &fleet{caddy: p, site: site}
 	f.waitHealthy(t)
-	return f
+	return f, log
 }
 
-type writerFunc func([]byte) (int, error)
+func addresses(backends []*fakeVLLM) []string {
+	out := make([]string, len(backends))
+	for i, b := range backends {
+		out[i] = b.addr
+	}
+	return out
+}
 
-func (w writerFunc) Write(b []byte) (int, error) { return w(b) }
+// pinAll sends the first turns of convs together, held open so that they
+// are placed side by side, and returns the engine each went to.
+func pinAll(t *testing.T, f *fleet, convs []string) map[string]string {
+	t.Helper()
+	home := map[string]string{}
+	var mu sync.Mutex
+	testrun.Concurrently(len(convs), func(i int) {
+		served := f.turn(t, convs[i], holdHeader, "50ms")
+		mu.Lock()
+		home[convs[i]] = served
+		mu.Unlock()
+	})
+	return home
+}
 
 func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
 	t.Helper()
@@ -172,16 +212,10 @@ func TestReplicasMode(t *testing.T) {
 	// Auto threshold 32: 40 concurrent conversations on 3 replicas do not spill.
 	f := startFleet(t, "replicas {replicas}\n\t\t\tmax_num_seqs 128", backends...)
 	convs := testrun.Sessions("conv", 40)
-	home := map[string]string{}
-	var homeMu sync.Mutex
+	var home map[string]string
 
 	t.Run("conversations stay and new ones spread evenly", func(t *testing.T) {
-		testrun.Concurrently(len(convs), func(i int) {
-			served := f.turn(t, convs[i], holdHeader, "50ms")
-			homeMu.Lock()
-			home[convs[i]] = served
-			homeMu.Unlock()
-		})
+		home = pinAll(t, f, convs)
 		for range 4 {
 			testrun.Concurrently(len(convs), func(i int) {
 				if served := f.turn(t, convs[i]); served != home[convs[i]] {

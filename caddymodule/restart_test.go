@@ -1,7 +1,6 @@
 package caddymodule_test
 
 import (
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -11,21 +10,6 @@ import (
 )
 
 const restartBlock = "replicas {replicas}\n\t\t\tmax_num_seqs 128"
-
-// pinAll sends the first turns of convs together, held open so that they
-// are placed side by side, and returns the engine each went to.
-func pinAll(t *testing.T, f *fleet, convs []string) map[string]string {
-	t.Helper()
-	home := map[string]string{}
-	var mu sync.Mutex
-	testrun.Concurrently(len(convs), func(i int) {
-		served := f.turn(t, convs[i], holdHeader, "50ms")
-		mu.Lock()
-		home[convs[i]] = served
-		mu.Unlock()
-	})
-	return home
-}
 
 func placed(st caddymodule.ModelStatus) (n uint64) {
 	for _, r := range st.Replicas {
