@@ -329,3 +329,20 @@ func checkAddress(d *caddyfile.Dispenser, addr string) error {
 	}
 	return nil
 }
+
+// parseModelName reads `<directive> <model>` with nothing else, for the
+// modules that name a model of the global warden option.
+func parseModelName(d *caddyfile.Dispenser, directive string) (string, error) {
+	d.Next() // the module's name
+	var model string
+	if !d.Args(&model) {
+		return "", d.Errf("expected: %s <model>", directive)
+	}
+	if d.NextArg() {
+		return "", d.Errf("%s: unexpected argument %q", directive, d.Val())
+	}
+	if d.NextBlock(0) {
+		return "", d.Errf("%s: unexpected block option %q; model options go in the global warden option", directive, d.Val())
+	}
+	return model, nil
+}

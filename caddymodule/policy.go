@@ -64,18 +64,9 @@ func (Policy) CaddyModule() caddy.ModuleInfo {
 // UnmarshalCaddyfile sets up the policy:
 //
 //	lb_policy warden <model>
-func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // policy name
-	if !d.Args(&p.Model) {
-		return d.Err("expected: lb_policy warden <model>")
-	}
-	if d.NextArg() {
-		return d.Errf("lb_policy warden: unexpected argument %q", d.Val())
-	}
-	if d.NextBlock(0) {
-		return d.Errf("lb_policy warden: unexpected block option %q; model options go in the global warden option", d.Val())
-	}
-	return nil
+func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) (err error) {
+	p.Model, err = parseModelName(d, "lb_policy warden")
+	return err
 }
 
 // Provision finds the policy's model in the warden app of its own config.

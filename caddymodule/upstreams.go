@@ -36,18 +36,9 @@ func (Upstreams) CaddyModule() caddy.ModuleInfo {
 }
 
 // UnmarshalCaddyfile reads `dynamic warden <model>`.
-func (u *Upstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // source name
-	if !d.Args(&u.Model) {
-		return d.Err("expected: dynamic warden <model>")
-	}
-	if d.NextArg() {
-		return d.Errf("dynamic warden: unexpected argument %q", d.Val())
-	}
-	if d.NextBlock(0) {
-		return d.Errf("dynamic warden: unexpected block option %q; model options go in the global warden option", d.Val())
-	}
-	return nil
+func (u *Upstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) (err error) {
+	u.Model, err = parseModelName(d, "dynamic warden")
+	return err
 }
 
 // Provision lists the servers of the model in its own config.
