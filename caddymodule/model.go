@@ -236,12 +236,15 @@ func appliedModels() []*modelLoad {
 
 // appliedModel is the applied load of the named model.
 func appliedModel(name string) (*modelLoad, bool) {
-	for _, l := range appliedModels() {
-		if l.model.name == name {
-			return l, true
+	var found *modelLoad
+	models.Range(func(key, value any) bool {
+		if key.(string) != name {
+			return true
 		}
-	}
-	return nil, false
+		found = value.(*model).applied()
+		return false
+	})
+	return found, found != nil
 }
 
 var _ caddy.Destructor = (*model)(nil)
