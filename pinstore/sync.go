@@ -56,7 +56,7 @@ func (s *Store) Run(ctx context.Context, local Local) {
 func (s *Store) subscribe(ctx context.Context, local Local) {
 	ps := s.rdb.Subscribe(ctx, s.channel)
 	defer ps.Close()
-	ch := ps.Channel(redis.WithChannelHealthCheckInterval(time.Second))
+	ch := ps.Channel() // PINGs an idle connection every 3s
 	for {
 		select {
 		case <-ctx.Done():
