@@ -95,7 +95,8 @@ type Options struct {
 	Logger       *zap.Logger   // nil = zap.NewNop(); the password is never logged
 	// Observe, if set, is called after every Redis round trip: op is
 	// "claim", "repin", "sync", "ping"; result is "ok", "error", "timeout"
-	// or "skipped" (breaker open, no call made).
+	// or "skipped" (breaker open, no call made). It is called from many
+	// goroutines at once and must be quick.
 	Observe func(op, result string, d time.Duration)
 }
 
@@ -140,6 +141,8 @@ type Store struct {
 	own   map[uint64]ownRepin
 }
 
+const maxOwn = 1024
+
 type ownRepin struct {
 	replica string
 	at      time.Time
@@ -157,8 +160,8 @@ func Open(c Config, o Options) (*Store, error) {
 	switch {
 	case o.Model == "":
 		return nil, errors.New("pinstore: no model")
-	case o.TTL <= 0:
-		return nil, fmt.Errorf("pinstore: model %q: ttl %v: must be > 0", o.Model, o.TTL)
+	case o.TTL < time.Millisecond:
+		return nil, fmt.Errorf("pinstore: model %q: ttl %v: must be at least 1ms", o.Model, o.TTL)
 	case o.MaxPins <= 0:
 		return nil, fmt.Errorf("pinstore: model %q: max pins %d: must be > 0", o.Model, o.MaxPins)
 	case o.SyncInterval < 0 || (o.SyncInterval > 0 && o.SyncInterval >= o.TTL):
@@ -178,12 +181,14 @@ func Open(c Config, o Options) (*Store, error) {
 		DB:       c.DB,
 		// RESP2: nothing here needs RESP3, and without a password or DB the
 		// handshake then costs no command at all.
-		Protocol:              2,
-		DisableIdentity:       true, // no CLIENT SETINFO (Redis < 7.2 lacks it)
-		DialTimeout:           c.Timeout,
-		DialerRetries:         1, // one attempt: a refused dial must not retry past Timeout
-		PoolTimeout:           c.Timeout,
-		MaxRetries:            -1, // no retries: the breaker and the next sync retry
+		Protocol:        2,
+		DisableIdentity: true, // no CLIENT SETINFO (Redis < 7.2 lacks it)
+		DialTimeout:     c.Timeout,
+		DialerRetries:   1, // one attempt: a refused dial must not retry past Timeout
+		PoolTimeout:     c.Timeout,
+		MaxRetries:      -1, // no retries: the breaker and the next sync retry
+		// Socket deadlines wide enough for a sync batch; the context of
+		// each Claim or Repin cuts it to Timeout.
 		ReadTimeout:           syncTimeout,
 		WriteTimeout:          syncTimeout,
 		ContextTimeoutEnabled: true, // each call's context (Timeout) bounds it
@@ -254,6 +259,9 @@ func (s *Store) Repin(key uint64, from, to string) (pinned string, ok bool) {
 	hex := hexKey(key)
 	keys, args := s.args(hex, from, to, s.channel)
 	s.ownMu.Lock()
+	if len(s.own) >= maxOwn { // Run is not consuming them
+		clear(s.own)
+	}
 	s.own[key] = ownRepin{to, time.Now()}
 	s.ownMu.Unlock()
 	var res []any

@@ -1,6 +1,7 @@
 package pinstore
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -527,3 +529,36 @@ func TestIdlePinsLeaveIndex(t *testing.T) {
 
 // spread turns i into a well-spread 64-bit key, as selection.HashKey would.
 func spread(i int) uint64 { return uint64(i) * 0x9e3779b97f4a7c15 }
+
+// After Run returns and Close, no goroutine of the store or of go-redis
+// is left (caddymodule's tests check Caddy for leaks), even after an outage
+// that saturated go-redis's dial back-off: its pool's tryDial sleeps 1s
+// between attempts and sees Close only when it wakes, so allow 3s.
+func TestNoGoroutineLeft(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	defer func() {
+		deadline := time.Now().Add(3 * time.Second)
+		for goleak.Find(before) != nil && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		goleak.VerifyNone(t, before)
+	}()
+	srv := redistest.Start(t)
+	s, err := Open(Config{Address: srv.Addr, Timeout: testTimeout}, Options{Model: "m", TTL: time.Minute, MaxPins: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLocal()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx, l) }()
+	eventually(t, 5*time.Second, "up", func() bool { return s.Status().Up })
+	srv.Stop()
+	for range 30 {
+		s.Claim(1, "a")
+		s.brk.open.Store(false) // keep dialling until go-redis's pool backs off
+	}
+	cancel()
+	<-done
+	s.Close()
+}

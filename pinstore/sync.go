@@ -24,11 +24,7 @@ import (
 //     Redis answers, closes the breaker and syncs at once.
 func (s *Store) Run(ctx context.Context, local Local) {
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.subscribe(ctx, local)
-	}()
+	wg.Go(func() { s.subscribe(ctx, local) })
 	defer wg.Wait()
 
 	since := s.sync(local, time.Time{})
@@ -52,7 +48,7 @@ func (s *Store) Run(ctx context.Context, local Local) {
 
 // subscribe adopts the re-pins other instances publish. go-redis
 // resubscribes by itself after a lost connection; messages sent meanwhile
-// are lost, which the next sync repairs.
+// are lost, and the next sync repairs the pins this instance is using.
 func (s *Store) subscribe(ctx context.Context, local Local) {
 	ps := s.rdb.Subscribe(ctx, s.channel)
 	defer ps.Close()
