@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/goleak"
 
+	"github.com/lmwarden/caddy-warden/internal/redistest"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
@@ -23,10 +24,11 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 		t.Setenv(env, home) // Caddy's storage and autosave stay in the test's directory
 	}
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
+	redis := redistest.Start(t)
 	site := testnet.Addr(t)
-	load := func(replicas int, spill int) {
+	load := func(replicas int, spill int, pinStore string) {
 		t.Helper()
-		if err := caddy.Load(inProcessConfig(site, backends[:replicas], spill), true); err != nil {
+		if err := caddy.Load(inProcessConfig(site, backends[:replicas], spill, pinStore), true); err != nil {
 			t.Fatalf("loading: %v", err)
 		}
 	}
@@ -34,7 +36,7 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 	// Caddy itself starts process-wide goroutines on its first load (its
 	// logging, the certificate cache, the listener pool...). One load and
 	// stop first, so that what is left is Caddy's and is ignored below.
-	load(1, 0)
+	load(1, 0, "")
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,13 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 	}
 
 	for i := range 4 {
-		load(1+i%2, 4+i) // replicas added and removed, threshold changed
+		// Replicas added and removed, threshold changed, the shared pin
+		// store switched off and on: it ends on.
+		pinStore := ""
+		if i%2 == 1 {
+			pinStore = redis.Addr
+		}
+		load(1+i%2, 4+i, pinStore)
 		time.Sleep(150 * time.Millisecond)
 		resp, err := http.Post("http://"+site+"/v1/messages", "application/json", strings.NewReader(`{"model":"m"}`))
 		if err != nil {
@@ -62,8 +70,8 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 		}
 	}
 	// The check can see warden's goroutines: while loaded, they are there.
-	if err := goleak.Find(ignore...); err == nil || !strings.Contains(err.Error(), "metricsfeed") {
-		t.Fatalf("while loaded, goleak sees no metrics poller: %v", err)
+	if err := goleak.Find(ignore...); err == nil || !strings.Contains(err.Error(), "metricsfeed") || !strings.Contains(err.Error(), "pinstore") {
+		t.Fatalf("while loaded, goleak sees no metrics poller or pin store sync: %v", err)
 	}
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
@@ -72,8 +80,13 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 }
 
 // inProcessConfig is a JSON config without an admin endpoint (the other
-// tests' Caddy processes own theirs) serving site through warden.
-func inProcessConfig(site string, backends []*fakeVLLM, spill int) []byte {
+// tests' Caddy processes own theirs) serving site through warden; with a
+// Redis address, the model's pins are shared there.
+func inProcessConfig(site string, backends []*fakeVLLM, spill int, redisAddr string) []byte {
+	pinStore := ""
+	if redisAddr != "" {
+		pinStore = fmt.Sprintf(`, "pin_store": {"redis": {"address": %q}}`, redisAddr)
+	}
 	var replicas, upstreams []string
 	for _, b := range backends {
 		replicas = append(replicas, fmt.Sprintf(`{"address":%q}`, b.addr))
@@ -83,7 +96,7 @@ func inProcessConfig(site string, backends []*fakeVLLM, spill int) []byte {
 	"admin": {"disabled": true, "config": {"persist": false}},
 	"logging": {"logs": {"default": {"level": "ERROR"}}},
 	"apps": {
-		"warden": {"models": {"m": {"replicas": [%s], "spill_threshold": %d, "metrics_interval": "50ms"}}},
+		"warden": {"models": {"m": {"replicas": [%s], "spill_threshold": %d, "metrics_interval": "50ms"%s}}},
 		"http": {"servers": {"s": {
 			"listen": [%q],
 			"routes": [{"handle": [{
@@ -93,5 +106,5 @@ func inProcessConfig(site string, backends []*fakeVLLM, spill int) []byte {
 			}]}]
 		}}}
 	}
-}`, strings.Join(replicas, ","), spill, site, strings.Join(upstreams, ","))
+}`, strings.Join(replicas, ","), spill, pinStore, site, strings.Join(upstreams, ","))
 }
