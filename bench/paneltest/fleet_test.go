@@ -20,6 +20,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/redistest"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
@@ -84,11 +85,16 @@ func startFleet(t *testing.T) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The pins are shared through Redis, so that the panel shows the store.
+	redis := redistest.Start(t)
 	admin, site, panelAddr := testnet.Addr(t), testnet.Addr(t), testnet.Addr(t)
 	caddyfile := fmt.Sprintf(`{
 	admin %[1]s
 	default_bind 127.0.0.1
 	warden {
+		pin_store redis {
+			address %[8]s
+		}
 		model m {
 			replicas %[2]s
 			max_num_seqs %[3]d
@@ -110,7 +116,7 @@ http://%[5]s {
 		warden_panel
 	}
 }
-`, admin, strings.Join(addrs, " "), maxNumSeqs, site, panelAddr, user, hash)
+`, admin, strings.Join(addrs, " "), maxNumSeqs, site, panelAddr, user, hash, redis.Addr)
 
 	var logs strings.Builder
 	var logMu sync.Mutex

@@ -247,6 +247,7 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 		"affinity":  "Affinity " + onOff[st.Affinity],
 		"spill":     fmt.Sprintf("Spill threshold %d %s", st.SpillThreshold, autoManual[st.SpillThresholdAuto]),
 		"in_flight": fmt.Sprintf("In flight %d", st.InFlight),
+		"pin_store": "Shared pins " + map[bool]string{true: "up", false: "down"}[st.PinStore != nil && st.PinStore.Up],
 	} {
 		if page.Badges[key] != want {
 			differ("badge %s: page %q, admin %q", key, page.Badges[key], want)

@@ -98,13 +98,26 @@
       badge("sticky", "Sticky " + m.sticky_percent.toFixed(1) + "%"),
       badge("in_flight", "In flight " + m.in_flight),
       badge("sessions", "Conversations " + m.sessions),
+      ...pinStoreBadge(m.pin_store, badge),
     );
+  }
+
+  // pinStoreBadge shows whether the shared pin store answers; none when the
+  // model's pins are local.
+  function pinStoreBadge(ps, badge) {
+    if (!ps) return [];
+    const b = badge("pin_store", "Shared pins " + (ps.up ? "up" : "down"), ps.up ? "on" : "off");
+    b.title = "Redis " + ps.address + (ps.last_error ? " · last error: " + ps.last_error : "");
+    return [b];
   }
 
   function since(m) {
     const extra = [m.requests + " requests"];
     if (m.unkeyed > 0) extra.push(m.unkeyed + " without a session key");
     if (m.no_replica > 0) extra.push(m.no_replica + " with no usable replica");
+    const ps = m.pin_store;
+    if (ps) extra.push("shared pins: " + ps.claims + " claimed, " + ps.claims_lost + " followed from another instance, " +
+      ps.skipped + " routed locally while the store was down");
     return el("p", { className: "since muted", title: new Date(m.since).toString() },
       "Counters since " + m.since_human + " · " + extra.join(" · "));
   }
