@@ -194,3 +194,18 @@ func TestPinsUsedSinceListsRecentPinsOnly(t *testing.T) {
 		}
 	}
 }
+
+// A turn of a conversation the router knows costs the shared table nothing:
+// no call, no allocation.
+func TestPinnedLookupWithSharedPinsCallsNothing(t *testing.T) {
+	pins := newMemoryPins()
+	r := sharedRouters(1, 4, pins)[0]
+	pick(t, r, "conv").Release()
+	calls := pins.callCount()
+	allocs := testing.AllocsPerRun(1000, func() {
+		r.Pick(Request{Key: "conv", Now: t0}).Release()
+	})
+	if allocs != 0 || pins.callCount() != calls {
+		t.Fatalf("%v allocations and %d shared calls per known turn", allocs, pins.callCount()-calls)
+	}
+}
