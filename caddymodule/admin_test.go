@@ -36,7 +36,7 @@ func adminMux(t *testing.T) (*http.ServeMux, *error) {
 // until the test ends.
 func liveModel(t *testing.T, name string) {
 	t.Helper()
-	l, err := loadModel(name, &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}}, nil, zap.NewNop())
+	l, err := loadModel(name, &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}}, nil, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

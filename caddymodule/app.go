@@ -24,6 +24,9 @@ func init() {
 type App struct {
 	// Models by name; `lb_policy warden <name>` routes for one of them.
 	Models map[string]*ModelConfig `json:"models,omitempty"`
+	// PinStore shares every model's pins between Caddy instances, unless
+	// the model sets its own.
+	PinStore *PinStoreConfig `json:"pin_store,omitempty"`
 
 	loads []*modelLoad // sorted by model name
 }
@@ -54,8 +57,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err := cfg.provision(name); err != nil {
 			return err
 		}
-		l, err := loadModel(name, cfg, ctx.Storage(), logger)
+		store, err := openPinStore(name, cfg, cfg.pinStore(a.PinStore), logger)
 		if err != nil {
+			return err
+		}
+		l, err := loadModel(name, cfg, store, ctx.Storage(), logger)
+		if err != nil {
+			closePinStore(store)
 			return err
 		}
 		a.loads = append(a.loads, l) // referenced: Cleanup releases it
@@ -70,7 +78,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 func (a *App) Validate() error {
 	var errs []error
 	for _, l := range a.loads {
-		errs = append(errs, l.cfg.validate(l.model.name))
+		errs = append(errs, l.cfg.validate(l.model.name), validatePinStore(l.model.name, l.cfg.pinStore(a.PinStore)))
 	}
 	return errors.Join(errs...)
 }
@@ -115,6 +123,7 @@ func (a *App) Cleanup() error {
 	var errs []error
 	for _, l := range a.loads {
 		releaseProcesses(l.procs)
+		closePinStore(l.store)
 		if _, err := models.Delete(l.model.name); err != nil {
 			errs = append(errs, err)
 		}

@@ -21,6 +21,17 @@ func init() {
 // parseGlobalOption sets up the warden app from the global options block:
 //
 //	warden {
+//		pin_store local|redis {              # pins shared by Caddy instances
+//			address <host:port>
+//			username <name>
+//			password <password>              # e.g. {env.REDIS_PASSWORD}
+//			db <n>
+//			key_prefix <prefix>
+//			timeout <duration>
+//			sync_interval <duration>
+//			tls_enabled [on|off]
+//			tls_insecure [on|off]
+//		}
 //		model <name> {
 //			replicas <host:port>...          # one vLLM server per replica
 //			replica [<host:port>] {           # or one at a time, launched by Caddy
@@ -44,6 +55,7 @@ func init() {
 //			max_sessions <n>
 //			metrics_interval <duration>
 //			pin_snapshot_interval <duration>|off
+//			pin_store local|redis { ... }    # overrides the app's
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -62,8 +74,18 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, d.ArgErr()
 	}
 	for d.NextBlock(0) {
+		if d.Val() == "pin_store" {
+			if app.PinStore != nil {
+				return nil, d.Err("pin_store declared twice")
+			}
+			var err error
+			if app.PinStore, err = parsePinStore(d); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if d.Val() != "model" {
-			return nil, d.Errf("unrecognized warden option %q; expected model", d.Val())
+			return nil, d.Errf("unrecognized warden option %q; expected model or pin_store", d.Val())
 		}
 		var name string
 		if !d.Args(&name) {
@@ -155,6 +177,8 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			m.MetricsInterval, err = duration(d)
 		case "pin_snapshot_interval":
 			m.PinSnapshotInterval, err = durationOrOff(d)
+		case "pin_store":
+			m.PinStore, err = parsePinStore(d)
 		default:
 			return nil, d.Errf("unrecognized model option %q", opt)
 		}

@@ -88,6 +88,18 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning yes"), 4, `client_pinning: expected on or off, got "yes"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tbody_scan_bytes 64k"), 4, `body_scan_bytes: expected a positive integer, got "64k"`},
 		{"warden {\n\tnot_a_model\n}", 2, `unrecognized warden option "not_a_model"; expected model`},
+		// The shared pin store, in the warden block or a model.
+		{"warden {\n\tpin_store memcached\n}", 2, `pin_store: expected local or redis, got "memcached"`},
+		{"warden {\n\tpin_store\n}", 2, "pin_store: expected local or redis"},
+		{"warden {\n\tpin_store local {\n\t\taddress 127.0.0.1:1\n\t}\n}", 3, "pin_store local takes no block"},
+		{"warden {\n\tpin_store redis 127.0.0.1:6379\n}", 2, `pin_store redis: unexpected argument "127.0.0.1:6379"; options go in its block`},
+		{"warden {\n\tpin_store redis {\n\t\taddress localhost\n\t}\n}", 3, `address "localhost": want host:port`},
+		{"warden {\n\tpin_store redis {\n\t\tdb one\n\t}\n}", 3, `db: expected a database number (0, 1, ...), got "one"`},
+		{"warden {\n\tpin_store redis {\n\t\ttimeout soon\n\t}\n}", 3, `timeout: expected a positive duration such as 30s or 5m, got "soon"`},
+		{"warden {\n\tpin_store redis {\n\t\tport 6379\n\t}\n}", 3, `unrecognized pin_store redis option "port"; expected address, username, password`},
+		{"warden {\n\tpin_store redis {\n\t\tpassword\n\t}\n}", 3, "password: expected a value"},
+		{"warden {\n\tpin_store local\n\tpin_store local\n}", 3, "pin_store declared twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled maybe\n\t\t}"), 5, `expected on, off, true or false, got "maybe"`},
 		// The option and model lines themselves.
 		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
 		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},

@@ -63,6 +63,10 @@ type ModelConfig struct {
 	// when the last config using the model stops, and read when the model
 	// is first loaded. 0 turns snapshots off.
 	PinSnapshotInterval *caddy.Duration `json:"pin_snapshot_interval,omitempty"`
+
+	// PinStore overrides the app's pin_store for this model; an empty one
+	// keeps the model's pins local.
+	PinStore *PinStoreConfig `json:"pin_store,omitempty"`
 }
 
 // ReplicaConfig is one vLLM server serving one replica.
@@ -179,8 +183,9 @@ func (c *ModelConfig) replicas() []selection.Replica {
 	return out
 }
 
-// fleetSpec is the model's runtime configuration.
-func (c *ModelConfig) fleetSpec() fleet.Spec {
+// fleetSpec is the model's runtime configuration; shared is its pin store,
+// nil when pins are local.
+func (c *ModelConfig) fleetSpec(shared selection.SharedPins) fleet.Spec {
 	return fleet.Spec{
 		Routing: selection.Config{
 			MaxNumSeqs:     c.MaxNumSeqs,
@@ -189,6 +194,7 @@ func (c *ModelConfig) fleetSpec() fleet.Spec {
 			SessionTTL:     time.Duration(c.SessionTTL),
 			ActiveWindow:   time.Duration(c.ActiveWindow),
 			MaxSessions:    c.MaxSessions,
+			Shared:         shared,
 		},
 		Replicas:        c.replicas(),
 		MetricsInterval: c.metricsInterval(),

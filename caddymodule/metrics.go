@@ -40,11 +40,36 @@ var (
 	descExpired      = desc("sessions_expired_total", "Sessions forgotten after the idle TTL.", "model")
 	descPromptTokens = desc("prompt_tokens_per_second", "Prompt tokens per second over the last minute, by kind: cached (served from the prefix cache, engine-reported) or computed.", "model", "kind")
 	descGenTokens    = desc("generation_tokens_per_second", "Generated tokens per second over the last minute.", "model")
+	descAdopted      = desc("sessions_adopted_total", "Sessions pinned to the replica by another Caddy instance sharing the pin store.", replicaLabels...)
+	descStoreUp      = desc("pin_store_up", "1 when the shared pin store answers (its circuit breaker is closed).", "model")
+	descStoreClaims  = desc("pin_store_claims_total", "First sights of a conversation claimed in the shared pin store, by result: won, or lost (another instance's pin was adopted).", "model", "result")
+	descStoreRepins  = desc("pin_store_repins_total", "Pins moved in the shared pin store by compare-and-set, by result: won, or lost (another instance moved it first).", "model", "result")
+	descStoreAdopted = desc("pin_store_adopted_total", "Local pins moved to follow another instance (its message, or the periodic catch-up).", "model")
+	descStoreReclaim = desc("pin_store_reclaimed_total", "Pins the store had lost (expired, or Redis restarted) claimed again by the periodic sync.", "model")
+	descStoreSkipped = desc("pin_store_skipped_total", "Store calls not made while the store was down; those conversations were routed locally.", "model")
 
 	allDescs = []*prometheus.Desc{descInFlight, descRequests, descPlaced, descReplaced, descSessions, descActive,
 		descHealthy, descRunning, descWaiting, descKV, descHitRate, descAffinity, descThreshold, descUnkeyed,
-		descNoReplica, descEvicted, descExpired, descPromptTokens, descGenTokens}
+		descNoReplica, descEvicted, descExpired, descPromptTokens, descGenTokens, descAdopted,
+		descStoreUp, descStoreClaims, descStoreRepins, descStoreAdopted, descStoreReclaim, descStoreSkipped}
+
+	// pinStoreSeconds times every round trip to the shared pin store. It is
+	// the collector's: it continues across reloads like the rest.
+	pinStoreSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "warden",
+		Name:      "pin_store_seconds",
+		Help:      "Round trips to the shared pin store, by operation (claim, repin, sync, ping) and result (ok, error, timeout, skipped).",
+		Buckets:   []float64{0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
+	}, []string{"model", "op", "result"})
 )
+
+// observePinStore records the model's store round trips.
+func observePinStore(model string) func(op, result string, d time.Duration) {
+	return func(op, result string, d time.Duration) {
+		pinStoreSeconds.WithLabelValues(model, op, result).Observe(d.Seconds())
+	}
+}
 
 // rateWindow is the window of the tokens-per-second gauges.
 const rateWindow = time.Minute
@@ -66,6 +91,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
 		ch <- d
 	}
+	pinStoreSeconds.Describe(ch)
 }
 
 // Collect reads every live model.
@@ -94,6 +120,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descRequests, r.Unpinned, name, r.ID, "unpinned")
 			counter(descPlaced, r.Placed, name, r.ID)
 			counter(descReplaced, r.Replaced, name, r.ID)
+			counter(descAdopted, r.Adopted, name, r.ID)
 			gauge(descSessions, float64(r.Sessions), name, r.ID)
 			gauge(descActive, float64(r.ActiveSessions), name, r.ID)
 			gauge(descHealthy, boolValue(r.Healthy), name, r.ID)
@@ -106,7 +133,18 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPromptTokens, rates.CachedPerSec, name, "cached")
 		gauge(descPromptTokens, rates.ComputedPerSec, name, "computed")
 		gauge(descGenTokens, rates.GenPerSec, name)
+		if ps := st.PinStore; ps != nil {
+			gauge(descStoreUp, boolValue(ps.Up), name)
+			counter(descStoreClaims, ps.Claims, name, "won")
+			counter(descStoreClaims, ps.ClaimsLost, name, "lost")
+			counter(descStoreRepins, ps.Repins, name, "won")
+			counter(descStoreRepins, ps.RepinsLost, name, "lost")
+			counter(descStoreAdopted, ps.Adopted, name)
+			counter(descStoreReclaim, ps.Reclaimed, name)
+			counter(descStoreSkipped, ps.Skipped, name)
+		}
 	}
+	pinStoreSeconds.Collect(ch)
 }
 
 func boolValue(b bool) float64 {

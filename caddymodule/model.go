@@ -16,6 +16,8 @@ import (
 	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/health"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/pinstore"
+	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
 
@@ -42,6 +44,7 @@ type model struct {
 	live   []*modelLoad       // started and not stopped, oldest first
 	cancel context.CancelFunc // stops the poller and sweeper; nil when not running
 	done   chan struct{}
+	sync   *storeSync // the applied load's pin store exchanging with the others
 }
 
 // modelLoad is one config load's version of a model: its settings, its
@@ -53,12 +56,14 @@ type modelLoad struct {
 	procs   []process
 	storage certmagic.Storage // the config's, where pin snapshots go
 	logger  *zap.Logger
+	// store shares the pins with other Caddy instances; nil keeps them local.
+	store *pinstore.Store
 }
 
 // loadModel takes a reference on the model's live state, creating it for a
 // new model (reading its pin snapshot), and prepares this load's version of
 // it. Nothing the running config uses changes.
-func loadModel(name string, cfg *ModelConfig, storage certmagic.Storage, logger *zap.Logger) (*modelLoad, error) {
+func loadModel(name string, cfg *ModelConfig, store *pinstore.Store, storage certmagic.Storage, logger *zap.Logger) (*modelLoad, error) {
 	v, _, err := models.LoadOrNew(name, func() (caddy.Destructor, error) {
 		m := &model{name: name, pins: pinSnapshot{key: pinSnapshotKey(name)}}
 		m.fleet = fleet.New(name, cfg.metricsInterval(), time.Now(), m.logHealthChange)
@@ -81,12 +86,17 @@ func loadModel(name string, cfg *ModelConfig, storage certmagic.Storage, logger 
 		return nil, err
 	}
 	m := v.(*model)
+	var shared selection.SharedPins // a nil *pinstore.Store must stay a nil interface
+	if store != nil {
+		shared = store
+	}
 	return &modelLoad{
 		model:   m,
 		cfg:     cfg,
-		plan:    m.fleet.Prepare(cfg.fleetSpec()),
+		plan:    m.fleet.Prepare(cfg.fleetSpec(shared)),
 		storage: storage,
 		logger:  logger,
+		store:   store,
 	}, nil
 }
 
@@ -116,6 +126,9 @@ func (m *model) deactivate(l *modelLoad) (last bool) {
 	if i == len(m.live) && len(m.live) > 0 {
 		m.applyLocked(m.live[len(m.live)-1])
 	}
+	if len(m.live) == 0 {
+		m.syncStoreLocked(nil)
+	}
 	var servers []string
 	for _, other := range m.live {
 		servers = append(servers, other.plan.Addresses()...)
@@ -131,6 +144,7 @@ func (m *model) applyLocked(l *modelLoad) {
 	for _, p := range l.procs {
 		p.logTo(l.logger, m.name)
 	}
+	m.syncStoreLocked(l)
 }
 
 // applied is the load in force, nil while no config using the model runs.
@@ -212,6 +226,7 @@ func (m *model) Destruct() error {
 	m.mu.Lock()
 	cancel, done := m.cancel, m.done
 	m.cancel = nil
+	m.syncStoreLocked(nil)
 	m.mu.Unlock()
 	if cancel != nil {
 		cancel()

@@ -216,7 +216,7 @@ func TestHourStats(t *testing.T) {
 // words and the traffic of its replicas only.
 func TestPanelDataOfLiveModel(t *testing.T) {
 	cfg := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}, MaxNumSeqs: 32, PinSnapshotInterval: new(caddy.Duration)}
-	l, err := loadModel("panel-unit", cfg, nil, zap.NewNop())
+	l, err := loadModel("panel-unit", cfg, nil, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

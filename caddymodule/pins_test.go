@@ -26,7 +26,7 @@ func pinsConfig() *ModelConfig {
 // App.Provision and App.Start do.
 func startModel(t *testing.T, name string, storage certmagic.Storage) *modelLoad {
 	t.Helper()
-	l, err := loadModel(name, pinsConfig(), storage, zap.NewNop())
+	l, err := loadModel(name, pinsConfig(), nil, storage, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestPinSnapshotIntervalOption(t *testing.T) {
 func BenchmarkWritePins100k(b *testing.B) {
 	cfg := pinsConfig()
 	cfg.MaxSessions = 200_000 // no shard full
-	l, err := loadModel("pins-bench", cfg, &certmagic.FileStorage{Path: b.TempDir()}, zap.NewNop())
+	l, err := loadModel("pins-bench", cfg, nil, &certmagic.FileStorage{Path: b.TempDir()}, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func newSelectFixture(t *testing.T, cfg *ModelConfig, running map[string][]int) 
 	}
 	now := time.Now()
 	f := fleet.New("m", time.Second, now, nil)
-	plan := f.Prepare(cfg.fleetSpec())
+	plan := f.Prepare(cfg.fleetSpec(nil))
 	f.Apply(plan)
 	// Two scrapes: the router takes load seen twice in a row as other
 	// clients' traffic.

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"time"
 
+	"github.com/lmwarden/caddy-warden/pinstore"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
 
@@ -30,6 +31,8 @@ type ModelStatus struct {
 	Replicas           []ReplicaStatus `json:"replicas"`
 	// PinSnapshot is absent when snapshots are off.
 	PinSnapshot *PinSnapshotStatus `json:"pin_snapshot,omitempty"`
+	// PinStore is the shared pin store's state; absent when pins are local.
+	PinStore *pinstore.Status `json:"pin_store,omitempty"`
 }
 
 // PinSnapshotStatus is the model's pin snapshot in Caddy's storage: the last
@@ -62,6 +65,7 @@ type ReplicaStatus struct {
 	ClientPinned   uint64  `json:"client_pinned"`
 	Placed         uint64  `json:"placed"`
 	Replaced       uint64  `json:"replaced"`
+	Adopted        uint64  `json:"adopted"` // sessions another Caddy instance pinned here (shared pin store)
 	Unpinned       uint64  `json:"unpinned"`
 	Running        float64 `json:"running"`
 	Waiting        float64 `json:"waiting"`
@@ -100,6 +104,10 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
 		PinSnapshot:        l.model.pinStatus(l),
 	}
+	if l.store != nil {
+		ps := l.store.Status()
+		out.PinStore = &ps
+	}
 	if l.cfg.Server != nil {
 		out.Mode = "ranks"
 	}
@@ -114,6 +122,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			ClientPinned:   rs.ClientPinned,
 			Placed:         rs.Placed,
 			Replaced:       rs.Replaced,
+			Adopted:        rs.Adopted,
 			Unpinned:       rs.Unpinned,
 			Running:        rs.Load.Running,
 			Waiting:        rs.Load.Waiting,

@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"time"
 
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // Pins copies the model's session table, for a snapshot.
 func (m *Model) Pins() []selection.Pin { return m.router.Snapshot() }
+
+// PinsUsedSince lists the pins used at or after t, for a shared pin store.
+func (m *Model) PinsUsedSince(t time.Time) []selection.Pin { return m.router.PinsUsedSince(t) }
 
 // A pin snapshot is binary, not JSON: it holds only hashes and times that
 // no one reads by hand, and at 100,000 sessions rewritten every few

@@ -38,10 +38,13 @@ const (
 	ClientPinned
 	// Unpinned: no key, or affinity off: placed by load alone.
 	Unpinned
+	// Adopted: a conversation new to this router that another router
+	// sharing the pin table had pinned: routed to that pin.
+	Adopted
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned"}
+var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "adopted"}
 
 func (o Outcome) String() string {
 	if o >= numOutcomes {
@@ -119,8 +122,28 @@ func (v *View) usable(s *replicaState, proxyUsable func(string) bool) bool {
 }
 
 // pinByLoad pins a session to the least-loaded replica: a new one (Placed),
-// or one whose pin is unusable (Replaced).
+// or one whose pin is unusable (Replaced); with a shared pin table, to the
+// replica another router pinned it to when that one is usable (Adopted).
 func (v *View) pinByLoad(req Request, key uint64, now int64) Decision {
+	d, previous := v.pinLocally(req, key, now)
+	if d.Outcome != Placed && d.Outcome != Replaced {
+		return d
+	}
+	if v.cfg.Shared != nil {
+		d = v.share(req, key, d, previous)
+	}
+	switch d.Outcome {
+	case Placed:
+		d.rep.placed.Add(1)
+	case Replaced:
+		d.rep.replaced.Add(1)
+	}
+	return d
+}
+
+// pinLocally makes pinByLoad's choice in the router's own table; for a
+// replaced pin it also returns the previous replica's ID.
+func (v *View) pinLocally(req Request, key uint64, now int64) (d Decision, previous string) {
 	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
@@ -132,26 +155,22 @@ func (v *View) pinByLoad(req Request, key uint64, now int64) Decision {
 	if e != nil && v.usable(e.pin, req.Usable) {
 		e.pin.inFlight.Add(1)
 		e.pin.sticky.Add(1)
-		return Decision{rep: e.pin, Outcome: Sticky}
+		return Decision{rep: e.pin, Outcome: Sticky}, ""
 	}
 	s := v.leastLoaded(req.Usable, key, true)
 	if s == nil {
 		r.noReplica.Add(1)
-		return Decision{}
-	}
-	outcome := Placed
-	if e == nil {
-		var dropped int
-		_, dropped = sh.insert(key, s, now)
-		r.evicted.Add(uint64(dropped))
-		s.placed.Add(1)
-	} else {
-		outcome = Replaced
-		e.repin(s)
-		s.replaced.Add(1)
+		return Decision{}, ""
 	}
 	s.inFlight.Add(1)
-	return Decision{rep: s, Outcome: outcome}
+	if e == nil {
+		_, dropped := sh.insert(key, s, now)
+		r.evicted.Add(uint64(dropped))
+		return Decision{rep: s, Outcome: Placed}, ""
+	}
+	previous = e.pin.ID
+	e.repin(s)
+	return Decision{rep: s, Outcome: Replaced}, previous
 }
 
 // spill sends one request of an overloaded pin to the least-loaded replica,

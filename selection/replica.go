@@ -56,6 +56,7 @@ type replicaState struct {
 	spilledIn    atomic.Uint64 // requests of sessions pinned elsewhere
 	clientPinned atomic.Uint64 // requests whose client chose this replica
 	unpinned     atomic.Uint64 // requests placed by load alone (unkeyed, affinity off)
+	adopted      atomic.Uint64 // sessions pinned here by another router (shared pins)
 }
 
 func newReplicaState(r Replica) *replicaState {

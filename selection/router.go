@@ -31,6 +31,9 @@ type Config struct {
 	ActiveWindow time.Duration
 	// MaxSessions bounds the session table; the least recently used go first.
 	MaxSessions int
+	// Shared is the pin table shared with other routers; nil keeps pins to
+	// this router alone.
+	Shared SharedPins
 }
 
 func (c Config) withDefaults() Config {

@@ -36,6 +36,7 @@ type ReplicaStatus struct {
 	SpilledIn      uint64
 	ClientPinned   uint64
 	Unpinned       uint64
+	Adopted        uint64 // sessions pinned here by another router (shared pins)
 	Load           Load
 	Healthy        bool
 }
@@ -70,6 +71,7 @@ func (v *View) Status() Status {
 			SpilledIn:      s.spilledIn.Load(),
 			ClientPinned:   s.clientPinned.Load(),
 			Unpinned:       s.unpinned.Load(),
+			Adopted:        s.adopted.Load(),
 			Load:           *s.load.Load(),
 			Healthy:        s.healthy.Load(),
 		}

@@ -27,6 +27,8 @@ type Server struct {
 	cmd  *exec.Cmd
 	args []string
 	t    testing.TB
+	// password is --requirepass's, which Do authenticates with.
+	password string
 }
 
 // Start runs a redis-server for the test, with no persistence. Outside CI a
@@ -43,6 +45,11 @@ func Start(t testing.TB, extra ...string) *Server {
 		t.Skipf("redis-server not installed (Debian package redis-server); skipping: %v", err)
 	}
 	s := &Server{Addr: testnet.Addr(t), dir: t.TempDir(), t: t}
+	for i, a := range extra {
+		if a == "--requirepass" && i+1 < len(extra) {
+			s.password = extra[i+1]
+		}
+	}
 	_, port, _ := net.SplitHostPort(s.Addr)
 	s.args = append([]string{
 		"--bind", "127.0.0.1", "--port", port,
@@ -81,9 +88,10 @@ func (s *Server) Restart() {
 	s.start()
 }
 
-// Do sends one command over a fresh connection and returns the reply's
-// first line (for "+OK", ":12", "$5\r\nvalue" it returns "OK", "12",
-// "value"); errors come back as "ERR ..." text.
+// Do sends one command over a fresh connection (authenticated first when
+// the server requires a password) and returns the reply's first line (for
+// "+OK", ":12", "$5\r\nvalue" it returns "OK", "12", "value"); errors come
+// back as "ERR ..." text.
 func (s *Server) Do(args ...string) string {
 	s.t.Helper()
 	c, err := net.DialTimeout("tcp", s.Addr, 5*time.Second)
@@ -92,6 +100,17 @@ func (s *Server) Do(args ...string) string {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	if s.password != "" {
+		if got := s.send(c, r, "AUTH", s.password); got != "OK" {
+			s.t.Fatalf("redis %s: AUTH: %s", s.Addr, got)
+		}
+	}
+	return s.send(c, r, args...)
+}
+
+func (s *Server) send(c net.Conn, r *bufio.Reader, args ...string) string {
+	s.t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
@@ -100,7 +119,6 @@ func (s *Server) Do(args ...string) string {
 	if _, err := c.Write([]byte(b.String())); err != nil {
 		s.t.Fatalf("redis %s: %v", s.Addr, err)
 	}
-	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')
 	if err != nil {
 		s.t.Fatalf("redis %s: %v", s.Addr, err)

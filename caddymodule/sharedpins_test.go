@@ -1,0 +1,166 @@
+package caddymodule_test
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
+)
+
+// sharedBlock is model m with its pins in the Redis at addr.
+func sharedBlock(addr, syncInterval string) string {
+	return fmt.Sprintf(`replicas {replicas}
+			max_num_seqs 128
+			pin_store redis {
+				address %s
+				password {env.WARDEN_TEST_REDIS_PASSWORD}
+				timeout 200ms
+				sync_interval %s
+			}`, addr, syncInterval)
+}
+
+const redisPassword = "s3cret-never-shown"
+
+// startShared runs n Caddy instances in front of the same replicas, sharing
+// one Redis for their pins.
+func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM) (*redistest.Server, []*fleet, []*syncBuffer) {
+	t.Helper()
+	redis := redistest.Start(t, "--requirepass", redisPassword)
+	t.Setenv("WARDEN_TEST_REDIS_PASSWORD", redisPassword) // Caddy inherits it
+	var fleets []*fleet
+	var logs []*syncBuffer
+	for range n {
+		f, log := runCaddy(t, caddySetup{modelBlock: sharedBlock(redis.Addr, syncInterval)}, addresses(backends)...)
+		f.backends = backends
+		fleets, logs = append(fleets, f), append(logs, log)
+	}
+	return redis, fleets, logs
+}
+
+// commandsProcessed is the server's count of commands run, this one included.
+func commandsProcessed(t *testing.T, redis *redistest.Server) int {
+	t.Helper()
+	for _, line := range strings.Split(redis.Do("INFO", "stats"), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no total_commands_processed in INFO stats")
+	return 0
+}
+
+// Two Caddy instances sharing a Redis: a conversation placed by one is
+// served on the same replica by the other, which has never seen it; once
+// each knows it, its turns cost Redis nothing.
+func TestSharedPinsKeepAConversationOnOneReplicaAcrossInstances(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
+	redis, fleets, logs := startShared(t, 2, "10m", backends...)
+	first, second := fleets[0], fleets[1]
+
+	convs := testrun.Sessions("shared", 12)
+	home := pinAll(t, first, convs)
+	for _, c := range convs {
+		if served := second.turn(t, c); served != home[c] {
+			t.Errorf("%s: second instance served it on %s, pinned to %s by the first", c, served, home[c])
+		}
+	}
+	st := second.status(t)
+	var adopted uint64
+	for _, r := range st.Replicas {
+		adopted += r.Adopted
+	}
+	if ps := st.PinStore; ps == nil || !ps.Up || ps.ClaimsLost+ps.Claims != uint64(len(convs)) {
+		t.Fatalf("second instance's pin store: %+v", ps)
+	}
+	t.Logf("second instance: %d of %d conversations adopted (the rest it would have placed there itself)", adopted, len(convs))
+
+	// Both know every conversation: no Redis call per turn.
+	before := commandsProcessed(t, redis)
+	for range 2 {
+		for _, f := range fleets {
+			for _, c := range convs {
+				if served := f.turn(t, c); served != home[c] {
+					t.Errorf("%s served on %s, pinned to %s", c, served, home[c])
+				}
+			}
+		}
+	}
+	// The count includes the AUTH and INFO of the second reading.
+	if calls := commandsProcessed(t, redis) - before - 2; calls != 0 {
+		t.Errorf("%d Redis commands for %d turns of known conversations; want none", calls, 4*len(convs))
+	}
+
+	t.Run("docs/metrics.md lists the pin store's series", func(t *testing.T) {
+		checkMetricsDocumented(t, scrapeMetrics(t, second), func(name string) bool { return strings.HasPrefix(name, pinStoreSeries) })
+	})
+
+	// The password reaches neither the admin API, nor the config API (which
+	// holds the placeholder), nor the logs.
+	for _, path := range []string{"/warden/models/m", "/config/"} {
+		var body any
+		if err := first.caddy.Do(http.MethodGet, path, nil, &body); err != nil {
+			t.Fatal(err)
+		}
+		if s := fmt.Sprint(body); strings.Contains(s, redisPassword) {
+			t.Errorf("%s shows the Redis password", path)
+		}
+	}
+	for i, log := range logs {
+		if strings.Contains(log.String(), redisPassword) {
+			t.Errorf("instance %d logged the Redis password", i)
+		}
+	}
+}
+
+// Redis down: requests never fail and conversations stay on their
+// replicas; the store comes back by itself, and pins made meanwhile are
+// claimed again (never overwriting another instance's).
+func TestSharedPinsSurviveARedisOutage(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
+	redis, fleets, _ := startShared(t, 1, "500ms", backends...)
+	f := fleets[0]
+	before := testrun.Sessions("before", 4)
+	home := pinAll(t, f, before)
+
+	redis.Stop()
+	during := testrun.Sessions("during", 4)
+	start := time.Now()
+	for c, b := range pinAll(t, f, during) { // pinAll fails the test on any error status
+		home[c] = b
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("4 new conversations took %v with Redis down", took)
+	}
+	for _, c := range append(before, during...) {
+		if served := f.turn(t, c); served != home[c] {
+			t.Errorf("during the outage %s served on %s, pinned to %s", c, served, home[c])
+		}
+	}
+	testrun.Eventually(t, 5*time.Second, "the store reported down", func() bool {
+		ps := f.status(t).PinStore
+		return ps != nil && !ps.Up
+	})
+
+	redis.Restart() // empty: every pin must be claimed again
+	testrun.Eventually(t, 10*time.Second, "the store up again, the pins re-claimed", func() bool {
+		ps := f.status(t).PinStore
+		return ps != nil && ps.Up && ps.Reclaimed >= uint64(len(home))
+	})
+	for _, c := range append(before, during...) {
+		if served := f.turn(t, c); served != home[c] {
+			t.Errorf("after the outage %s served on %s, pinned to %s", c, served, home[c])
+		}
+	}
+	var st caddymodule.ModelStatus = f.status(t)
+	t.Logf("pin store after the outage: %+v", *st.PinStore)
+}
