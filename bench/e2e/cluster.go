@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -134,9 +135,18 @@ func StartCluster(ctx context.Context, o ClusterOptions, config func(c *Cluster,
 	if o.Front == (FrontSettings{}) {
 		o.Front = DefaultFront
 	}
+	// Every address at once: free ports taken one at a time may repeat,
+	// and Caddy listens with SO_REUSEPORT, so two of its listeners on one
+	// port would share its connections.
+	addrs, err := FreeAddrs(2*o.Instances + 3)
+	if err != nil {
+		return nil, err
+	}
+	next := func() string { a := addrs[0]; addrs = addrs[1:]; return a }
 	c := &Cluster{o: o}
+	redisAddr := next()
 	if o.PinStore == PinStoreRedis {
-		r, err := StartRedis(ctx, o.Log)
+		r, err := StartRedis(ctx, redisAddr, o.Log)
 		if err != nil {
 			return nil, err
 		}
@@ -148,14 +158,7 @@ func StartCluster(ctx context.Context, o ClusterOptions, config func(c *Cluster,
 			c.Stop()
 			return nil, err
 		}
-		var err error
-		if inst.Site, err = caddyproc.FreeAddr(); err == nil {
-			inst.Admin, err = caddyproc.FreeAddr()
-		}
-		if err != nil {
-			c.Stop()
-			return nil, err
-		}
+		inst.Site, inst.Admin = next(), next()
 		inst.config = config(c, inst)
 		if inst.Proc, err = caddyproc.StartIn(inst.DataDir, o.Bin, inst.config, inst.Admin, o.Log); err != nil {
 			c.Stop()
@@ -167,22 +170,34 @@ func StartCluster(ctx context.Context, o ClusterOptions, config func(c *Cluster,
 	if o.Instances == 1 {
 		return c, nil
 	}
-	site, err := caddyproc.FreeAddr()
-	if err != nil {
-		c.Stop()
-		return nil, err
-	}
-	admin, err := caddyproc.FreeAddr()
-	if err != nil {
-		c.Stop()
-		return nil, err
-	}
+	site, admin := next(), next()
 	if c.Front, err = caddyproc.Start(o.Bin, c.frontConfig(site, admin), admin, o.Log); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("front caddy: %v", err)
 	}
 	c.Site = site
 	return c, nil
+}
+
+// FreeAddrs returns n distinct loopback addresses whose ports were free a
+// moment ago (all held open together, then closed).
+func FreeAddrs(n int) ([]string, error) {
+	var addrs []string
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs, nil
 }
 
 // frontConfig is the front Caddy: every request to a random instance,

@@ -33,16 +33,18 @@ type Redis struct {
 	done chan struct{}
 }
 
-// StartRedis runs a redis-server and waits until it accepts connections.
-// Its output goes to log (nil discards it).
-func StartRedis(ctx context.Context, log io.Writer) (*Redis, error) {
+// StartRedis runs a redis-server on addr (empty: a free loopback port) and
+// waits until it accepts connections. Its output goes to log (nil discards
+// it).
+func StartRedis(ctx context.Context, addr string, log io.Writer) (*Redis, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoRedisServer, err)
 	}
-	addr, err := caddyproc.FreeAddr()
-	if err != nil {
-		return nil, err
+	if addr == "" {
+		if addr, err = caddyproc.FreeAddr(); err != nil {
+			return nil, err
+		}
 	}
 	dir, err := os.MkdirTemp("", "wardenbench-redis-")
 	if err != nil {
