@@ -115,7 +115,7 @@ func checkSetup(p, single point) []string {
 	prefix := fmt.Sprintf("%d sessions, %s %s:", p.sessions, p.policy, p.setup)
 	return []string{
 		fmt.Sprintf("%s hits %.1f%% vs %.1f%% (%+.1f points): %s", prefix, hits, hits1, hits-hits1, verdict(hits >= hits1-1)),
-		fmt.Sprintf("%s turns on their conversation's replica %.1f%%: %s", prefix, turns, verdict(turns >= 99)),
+		fmt.Sprintf("%s turns on their conversation's replica %.2f%%: %s", prefix, turns, verdict(turns >= 99)),
 		fmt.Sprintf("%s spread %.1f vs %.1f: %s", prefix, spread, spread1, verdict(spread <= spread1+1)),
 	}
 }
