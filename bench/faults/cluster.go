@@ -162,9 +162,22 @@ func (h *harness) gracefulRestart(ctx context.Context) (Row, error) {
 	for conv := range homes {
 		convs = append(convs, conv)
 	}
+	slices.Sort(convs)
 	back, checked := returned(reqs, convs, homes, startedAt, "")
 	row.PinsChecked, row.PinsLost = checked, checked-back
 	row.Notes = append(row.Notes, fmt.Sprintf("%s of the conversations pinned before the stop (and heard from after) went back to their replica", share(back, checked)))
+	if st, ok := h.admin.latest(); ok {
+		var placed, replaced uint64
+		for _, r := range st.Replicas {
+			placed, replaced = placed+r.Placed, replaced+r.Replaced
+		}
+		ps := st.PinSnapshot
+		row.Notes = append(row.Notes, fmt.Sprintf("restarted Caddy's admin JSON: %d pins restored from the snapshot, %d dropped (%d already pinned, %d unknown replica); since the start %d conversations placed, %d re-placed",
+			ps.Restored, ps.Dropped, ps.AlreadyPinned, ps.UnknownReplica, placed, replaced))
+	}
+	if moved := movedAfter(reqs, convs, homes, startedAt); len(moved) > 0 {
+		row.Notes = append(row.Notes, "elsewhere after the restart (server@time since the restart): "+truncate(moved, 5))
+	}
 	switch {
 	case checked == 0:
 		row.Violations = append(row.Violations, "no conversation pinned before the stop was heard from after it")
@@ -276,6 +289,30 @@ func returned(reqs []request, convs []string, homes map[string]string, t time.Ti
 		}
 	}
 	return back, checked
+}
+
+// movedAfter shows, for each of convs whose successes from t on were not
+// all on its home, the servers they went to and when, relative to t.
+func movedAfter(reqs []request, convs []string, homes map[string]string, t time.Time) []string {
+	var out []string
+	for _, conv := range convs {
+		var after []request
+		for _, r := range reqs {
+			if r.conv == conv && r.ok && !r.start.Before(t) {
+				after = append(after, r)
+			}
+		}
+		if !slices.ContainsFunc(after, func(r request) bool { return r.server() != homes[conv] }) {
+			continue
+		}
+		slices.SortFunc(after, func(a, b request) int { return a.start.Compare(b.start) })
+		path := conv + " (was " + homes[conv] + "):"
+		for _, r := range after {
+			path += fmt.Sprintf(" %s@%v", r.server(), r.start.Sub(t).Round(time.Millisecond))
+		}
+		out = append(out, path)
+	}
+	return out
 }
 
 func share(n, of int) string {

@@ -90,6 +90,12 @@ type modelStatus struct {
 	Requests       uint64          `json:"requests"`
 	Since          time.Time       `json:"since"`
 	Replicas       []replicaStatus `json:"replicas"`
+	PinSnapshot    struct {
+		Restored       int `json:"restored"`
+		Dropped        int `json:"dropped"`
+		AlreadyPinned  int `json:"dropped_already_pinned"`
+		UnknownReplica int `json:"dropped_unknown_replica"`
+	} `json:"pin_snapshot"`
 }
 
 type replicaStatus struct {
