@@ -19,6 +19,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 // In-process tests of Policy.Select: the policy routes with a real fleet
@@ -180,7 +181,7 @@ func TestSelectDefaultHeaderOrder(t *testing.T) {
 		r, _ := newProxyRequest(t, all[i:]...)
 		fx.p.Select(pl, r, nil)
 		held, ok := caddyhttp.GetVar(r.Context(), varInFlight).(*inFlight)
-		if !ok || held.key != all[i+1] {
+		if !ok || held.id.Key != sessionkey.Hash(all[i+1]) {
 			t.Errorf("with %v: key %+v, want %q", all[i:], held, all[i+1])
 		}
 	}

@@ -59,7 +59,9 @@ func FromBody(prefix []byte) string {
 	return ids.best(0, numIDs, false)
 }
 
-// ReadBody reads the conversation from (a prefix of) a JSON request body.
+// ReadBody reads the conversation from (a prefix of) a JSON request body:
+// with ids, from the ID fields FromBody reads; with fingerprint, from the
+// conversation's head.
 //
 // A body ID that comes before the conversation itself (messages, input)
 // names it. Otherwise, with fingerprint, the conversation's own head does
@@ -68,9 +70,16 @@ func FromBody(prefix []byte) string {
 // the head is at the start and read on every turn, so the key does not
 // change as the conversation grows. Without a fingerprint, a conversation
 // ID found anywhere, then a user ID.
-func ReadBody(prefix []byte, fingerprint bool) Identity {
-	var ids bodyIDs
-	fp := scanBody(prefix, fingerprint, &ids)
+func ReadBody(prefix []byte, ids, fingerprint bool) Identity {
+	var found bodyIDs
+	fp := scanBody(prefix, fingerprint, &found)
+	if !ids {
+		return fp
+	}
+	return choose(&found, fp)
+}
+
+func choose(ids *bodyIDs, fp Identity) Identity {
 	if v := ids.best(0, firstWeakID, true); v != "" {
 		return Identity{Key: Hash(v), Source: Body}
 	}

@@ -105,16 +105,16 @@ func TestFingerprintStableAcrossTurns(t *testing.T) {
 	for _, api := range []string{"anthropic", "chat", "responses"} {
 		t.Run(api, func(t *testing.T) {
 			c := newConversation(api, "You are a coding agent. "+strings.Repeat("Rules. ", 200), "Fix the bug in main.go", 1)
-			first := ReadBody(c.body(0), true)
+			first := ReadBody(c.body(0), true, true)
 			if first.Key == 0 || first.Source != Fingerprint || first.Parent != 0 {
 				t.Fatalf("turn 1: %+v", first)
 			}
-			second := ReadBody(c.body(1), true)
+			second := ReadBody(c.body(1), true, true)
 			if second.Key == 0 || second.Key == first.Key || second.Parent != first.Key || !second.Continues {
 				t.Fatalf("turn 2: %+v, turn 1 key %x", second, first.Key)
 			}
 			for turn := 2; turn < 8; turn++ {
-				if got := ReadBody(c.body(turn), true); got != second {
+				if got := ReadBody(c.body(turn), true, true); got != second {
 					t.Errorf("turn %d: %+v, want %+v", turn+1, got, second)
 				}
 			}
@@ -130,12 +130,12 @@ func TestFingerprintNoFalseMerge(t *testing.T) {
 	for _, api := range []string{"anthropic", "chat", "responses"} {
 		a := newConversation(api, "Shared system prompt", "Review the pull request", 1)
 		b := newConversation(api, "Shared system prompt", "Review the pull request", 2)
-		ka, kb := ReadBody(a.body(0), true), ReadBody(b.body(0), true)
+		ka, kb := ReadBody(a.body(0), true, true), ReadBody(b.body(0), true, true)
 		if ka != kb {
 			t.Errorf("%s: identical first turns keyed apart", api)
 		}
 		for turn := 1; turn < 4; turn++ {
-			ka, kb := ReadBody(a.body(turn), true), ReadBody(b.body(turn), true)
+			ka, kb := ReadBody(a.body(turn), true, true), ReadBody(b.body(turn), true, true)
 			if ka.Key == kb.Key {
 				t.Errorf("%s turn %d: merged", api, turn+1)
 			}
@@ -144,11 +144,11 @@ func TestFingerprintNoFalseMerge(t *testing.T) {
 			}
 		}
 		c := newConversation(api, "Shared system prompt", "Review the pull request #2", 3)
-		if ReadBody(c.body(0), true).Key == ka.Key {
+		if ReadBody(c.body(0), true, true).Key == ka.Key {
 			t.Errorf("%s: a different first message shares the key", api)
 		}
 		d := newConversation(api, "Another system prompt", "Review the pull request", 4)
-		if ReadBody(d.body(0), true).Key == ka.Key {
+		if ReadBody(d.body(0), true, true).Key == ka.Key {
 			t.Errorf("%s: a different system prompt (before the messages) shares the key", api)
 		}
 	}
@@ -156,34 +156,34 @@ func TestFingerprintNoFalseMerge(t *testing.T) {
 
 func TestReadBodyPrecedence(t *testing.T) {
 	c := newConversation("chat", "sys", "hello", 1)
-	fp := ReadBody(c.body(2), true)
+	fp := ReadBody(c.body(2), true, true)
 
 	// An ID before the conversation is read on every turn: it wins.
 	early := c
 	early.before = `"session_id":"S-early",`
-	if got := ReadBody(early.body(2), true); got != (Identity{Key: Hash("S-early"), Source: Body}) {
+	if got := ReadBody(early.body(2), true, true); got != (Identity{Key: Hash("S-early"), Source: Body}) {
 		t.Errorf("early ID: %+v", got)
 	}
 	// One after it is out of reach once the conversation is long, so the
 	// fingerprint names the conversation on every turn instead.
 	late := c
 	late.after = `,"prompt_cache_key":"T-late","user":"u"`
-	if got := ReadBody(late.body(2), true); got != fp {
+	if got := ReadBody(late.body(2), true, true); got != fp {
 		t.Errorf("late ID with fingerprint: %+v, want the fingerprint %+v", got, fp)
 	}
 	// Without fingerprints, as before: any conversation ID, then the user.
-	if got := ReadBody(late.body(2), false); got != (Identity{Key: Hash("T-late"), Source: Body}) {
+	if got := ReadBody(late.body(2), true, false); got != (Identity{Key: Hash("T-late"), Source: Body}) {
 		t.Errorf("late ID without fingerprint: %+v", got)
 	}
-	if got := ReadBody([]byte(`{"messages":[{"role":"user","content":"x`), false); got != (Identity{}) {
+	if got := ReadBody([]byte(`{"messages":[{"role":"user","content":"x`), true, false); got != (Identity{}) {
 		t.Errorf("cut short: %+v", got)
 	}
 	// No conversation to fingerprint: the IDs after it still count.
-	if got := ReadBody([]byte(`{"messages":[],"user":"u"}`), true); got != (Identity{Key: Hash("u"), Source: Body}) {
+	if got := ReadBody([]byte(`{"messages":[],"user":"u"}`), true, true); got != (Identity{Key: Hash("u"), Source: Body}) {
 		t.Errorf("empty messages: %+v", got)
 	}
 	// A user ID is weaker than a fingerprint (it may hold many conversations).
-	if got := ReadBody([]byte(`{"user":"u","messages":[{"role":"user","content":"x"}]}`), true); got.Source != Fingerprint {
+	if got := ReadBody([]byte(`{"user":"u","messages":[{"role":"user","content":"x"}]}`), true, true); got.Source != Fingerprint {
 		t.Errorf("user before messages: %+v, want the fingerprint", got)
 	}
 }
@@ -193,16 +193,16 @@ func TestReadBodyPrecedence(t *testing.T) {
 func TestFingerprintCutShort(t *testing.T) {
 	c := newConversation("responses", "instructions", strings.Repeat("long first message ", 100), 1)
 	body := c.body(3)
-	full := ReadBody(body, true)
+	full := ReadBody(body, true, true)
 	for cut := 0; cut < len(body); cut += 7 {
-		got := ReadBody(body[:cut], true)
+		got := ReadBody(body[:cut], true, true)
 		if got.Key != 0 && got != full {
 			t.Fatalf("cut at %d of %d: %+v, want %+v or nothing", cut, len(body), got, full)
 		}
 	}
 	// Once the first reply is read, the rest of the body does not matter.
 	i := strings.Index(string(body), "follow-up 0")
-	if got := ReadBody(body[:i], true); got != full {
+	if got := ReadBody(body[:i], true, true); got != full {
 		t.Errorf("cut after the first reply: %+v, want %+v", got, full)
 	}
 }
@@ -217,7 +217,7 @@ func TestFingerprintIgnores(t *testing.T) {
 		`{"messages":{"role":"user"}}`,
 		`{"messages":[1,2,3]}`,
 	} {
-		if got := ReadBody([]byte(body), true); got.Key != 0 {
+		if got := ReadBody([]byte(body), true, true); got.Key != 0 {
 			t.Errorf("%s: %+v", body, got)
 		}
 	}
@@ -233,7 +233,7 @@ func TestManyFingerprints(t *testing.T) {
 	seen := make(map[uint64]struct{}, n)
 	for i := range n {
 		body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"system","content":"same"},{"role":"user","content":"task %d"}]}`, i)
-		id := ReadBody(body, true)
+		id := ReadBody(body, true, true)
 		if id.Key == 0 {
 			t.Fatalf("conversation %d: no key", i)
 		}
@@ -252,8 +252,21 @@ func BenchmarkReadBody(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				_ = ReadBody(body, true)
+				_ = ReadBody(body, true, true)
 			}
 		})
+	}
+}
+
+// With body IDs off, only the fingerprint counts, even after an early ID.
+func TestReadBodyWithoutIDs(t *testing.T) {
+	c := newConversation("chat", "sys", "hello", 1)
+	c.before = `"session_id":"S-early",`
+	got := ReadBody(c.body(1), false, true)
+	if got.Source != Fingerprint {
+		t.Errorf("%+v, want the fingerprint", got)
+	}
+	if got := ReadBody([]byte(`{"session_id":"s"}`), false, true); got.Key != 0 {
+		t.Errorf("%+v, want nothing", got)
 	}
 }
