@@ -51,6 +51,7 @@ func init() {
 //			fingerprint on|off
 //			subagents on|off
 //			compaction on|off
+//			compaction_interval <duration>
 //			body_scan_bytes <n>
 //			client_pinning on|off
 //			session_ttl <duration>
@@ -169,6 +170,8 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			m.Subagents, err = onOffPtr(d)
 		case "compaction":
 			m.Compaction, err = onOffPtr(d)
+		case "compaction_interval":
+			m.CompactionInterval, err = duration(d)
 		case "body_scan_bytes":
 			m.BodyScanBytes, err = positiveInt(d)
 		case "client_pinning":

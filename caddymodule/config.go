@@ -49,6 +49,9 @@ type ModelConfig struct {
 	// Compaction places a conversation anew after the agent says it
 	// compacted it (default on).
 	Compaction *bool `json:"compaction,omitempty"`
+	// CompactionInterval is the least time between two placements of a
+	// conversation for compaction (default 1m): hints sooner are ignored.
+	CompactionInterval caddy.Duration `json:"compaction_interval,omitempty"`
 	// BodyScanBytes bounds how much of the body is read (default 256 KiB).
 	BodyScanBytes int `json:"body_scan_bytes,omitempty"`
 	// ClientPinning honours a client's X-data-parallel-rank (ranks) or
@@ -204,13 +207,14 @@ func (c *ModelConfig) replicas() []selection.Replica {
 func (c *ModelConfig) fleetSpec(shared selection.SharedPins) fleet.Spec {
 	return fleet.Spec{
 		Routing: selection.Config{
-			MaxNumSeqs:     c.MaxNumSeqs,
-			SpillThreshold: c.SpillThreshold,
-			Affinity:       c.Affinity == nil || *c.Affinity,
-			SessionTTL:     time.Duration(c.SessionTTL),
-			ActiveWindow:   time.Duration(c.ActiveWindow),
-			MaxSessions:    c.MaxSessions,
-			Shared:         shared,
+			MaxNumSeqs:         c.MaxNumSeqs,
+			SpillThreshold:     c.SpillThreshold,
+			Affinity:           c.Affinity == nil || *c.Affinity,
+			SessionTTL:         time.Duration(c.SessionTTL),
+			ActiveWindow:       time.Duration(c.ActiveWindow),
+			MaxSessions:        c.MaxSessions,
+			Shared:             shared,
+			CompactionInterval: time.Duration(c.CompactionInterval),
 		},
 		Replicas:        c.replicas(),
 		MetricsInterval: c.metricsInterval(),
