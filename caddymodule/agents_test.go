@@ -217,13 +217,17 @@ func TestSubAgentsSpreadAndStay(t *testing.T) {
 	}
 	families := []family{
 		{"claude-code",
-			func() agentRequest { return agentRequest{"/v1/messages", []string{"X-Claude-Code-Session-Id", "S"}, anthropicBody("S", 1, nil)} },
+			func() agentRequest {
+				return agentRequest{"/v1/messages", []string{"X-Claude-Code-Session-Id", "S"}, anthropicBody("S", 1, nil)}
+			},
 			func(i int) agentRequest {
 				return agentRequest{"/v1/messages", []string{"X-Claude-Code-Session-Id", "S", "X-Claude-Code-Agent-Id", fmt.Sprintf("agent-%d", i)},
 					anthropicBody(fmt.Sprintf("child-%d", i), 0, nil)}
 			}},
 		{"codex",
-			func() agentRequest { return agentRequest{"/v1/responses", []string{"Session-Id", "T0", "Thread-Id", "T0"}, responsesBody("T0", 1)} },
+			func() agentRequest {
+				return agentRequest{"/v1/responses", []string{"Session-Id", "T0", "Thread-Id", "T0"}, responsesBody("T0", 1)}
+			},
 			func(i int) agentRequest {
 				thread := fmt.Sprintf("T%d", i+1)
 				return agentRequest{"/v1/responses", []string{"Session-Id", "T0", "Thread-Id", thread, "X-Openai-Subagent", "collab_spawn",
