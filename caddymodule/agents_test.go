@@ -369,3 +369,89 @@ func homeBusy(backends []*fakeVLLM, backend string) bool {
 	}
 	return false
 }
+
+// Hostile input against agent-aware keying.
+func TestHostileAgentInput(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
+	f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tmax_sessions 64", proxyOptions: observedProxy}, addresses(backends)...)
+
+	// IDs are bearer-like: a body (or header) that names another
+	// conversation's ID is routed to that conversation's replica, and that is
+	// all it gets. Routing is the only thing an ID decides: the request's
+	// answer is computed from its own prompt, and the victim's pin stays.
+	t.Run("a body claiming another conversation's ID", func(t *testing.T) {
+		victim := f.agentTurn(t, "victim", agentClients[0].turn("victim-id", 1))
+		forged := []byte(`{"session_id":"victim-id","model":"m","stream":true,"messages":[{"role":"user","content":"mine"}]}`)
+		got := f.agentTurn(t, "forger", agentRequest{"/v1/chat/completions", nil, forged})
+		if got.backend != victim.backend || got.source != "body" || got.outcome != "sticky" {
+			t.Errorf("forged body: %+v, victim on %s", got, victim.backend)
+		}
+		if again := f.agentTurn(t, "victim", agentClients[0].turn("victim-id", 2)); again.backend != victim.backend || again.outcome != "sticky" {
+			t.Errorf("victim after the forgery: %+v, want sticky on %s", again, victim.backend)
+		}
+	})
+
+	// Caddy refuses headers past its own limit (431); what reaches warden is
+	// read up to 8 KiB, by a scan that allocates nothing and decides only a
+	// hint: the conversation stays where it is.
+	t.Run("a huge or malformed X-Codex-Turn-Metadata", func(t *testing.T) {
+		home := f.agentTurn(t, "codex", agentClients[1].turn("thread-h", 0))
+		for _, meta := range []string{
+			`{"request_kind":"compaction","x":"` + strings.Repeat("a", 200<<10) + `"}`,
+			`{"x":"` + strings.Repeat("a", 9<<10) + `","request_kind":"compaction"}`, // past the 8 KiB read: ignored
+			strings.Repeat(`"request_kind":`, 300),
+			`{"request_kind":` + strings.Repeat("[", 3000),
+			`{"request_kind":"compac`,
+			`}{"request_kind" "compaction"`,
+		} {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+f.site+"/v1/responses", bytes.NewReader(responsesBody("thread-h", 1)))
+			for k, v := range map[string]string{"Session-Id": "thread-h", "Thread-Id": "thread-h", "X-Codex-Turn-Metadata": meta, conversationHeader: "codex"} {
+				req.Header.Set(k, v)
+			}
+			resp, err := siteClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusRequestHeaderFieldsTooLarge && len(meta) > 8<<10:
+			case resp.StatusCode != http.StatusOK:
+				t.Errorf("metadata of %d bytes: %s", len(meta), resp.Status)
+			case resp.Header.Get("X-Backend") != home.backend || resp.Header.Get("X-Warden-Outcome") != "sticky":
+				t.Errorf("metadata of %d bytes: %s %s, want sticky on %s", len(meta), resp.Header.Get("X-Backend"), resp.Header.Get("X-Warden-Outcome"), home.backend)
+			}
+			if got := f.agentTurn(t, "codex", agentClients[1].turn("thread-h", 2)); got.backend != home.backend || got.outcome != "sticky" {
+				t.Errorf("after metadata of %d bytes: %+v, want sticky on %s", len(meta), got, home.backend)
+			}
+		}
+	})
+
+	// Distinct header-less conversations, far more than max_sessions: the
+	// table stays bounded, the oldest are evicted, every request is served.
+	t.Run("a flood of fingerprints", func(t *testing.T) {
+		const flood = 600
+		var mu sync.Mutex
+		next := 0
+		testrun.Concurrently(6, func(int) {
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= flood {
+					return
+				}
+				conv := fmt.Sprintf("flood-%d", i)
+				if got := f.agentTurn(t, conv, agentRequest{"/v1/chat/completions", nil, chatBody(conv, i%3, nil)}); got.source != "fingerprint" {
+					t.Errorf("%s: %+v", conv, got)
+					return
+				}
+			}
+		})
+		st := f.status(t)
+		if st.Sessions > 64 || st.SessionsEvicted < flood-64 {
+			t.Errorf("%d sessions (max 64), %d evicted after %d conversations", st.Sessions, st.SessionsEvicted, flood)
+		}
+	})
+}
