@@ -42,11 +42,12 @@ type selectFixture struct {
 
 // newSelectFixture prepares and applies cfg and makes every server healthy
 // with running requests per engine as given (idle when absent).
-func newSelectFixture(t *testing.T, cfg *ModelConfig, running map[string][]int) *selectFixture {
+func newSelectFixture(t testing.TB, cfg *ModelConfig, running map[string][]int) *selectFixture {
 	t.Helper()
 	if err := cfg.validate("m"); err != nil {
 		t.Fatal(err)
 	}
+	cfg.rules = cfg.newRules() // as provision makes them
 	now := time.Now()
 	f := fleet.New("m", time.Second, now, nil)
 	plan := f.Prepare(cfg.fleetSpec(nil))
