@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -207,5 +208,43 @@ func TestConcurrentCompactionPlacesOnce(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d compactions, want 1", n)
+	}
+}
+
+// A million header-less conversations, each with its first turn and its
+// continuation (two keys, the second naming the first as parent) and a
+// compaction hint now and then: the table holds its bound, the counts stay
+// consistent, nothing is left in flight.
+func TestMillionFingerprintFlood(t *testing.T) {
+	n := 1_000_000
+	if testing.Short() {
+		n = 50_000
+	}
+	const maxSessions = 1000
+	r := newTestRouter(4, Config{MaxSessions: maxSessions})
+	now := t0
+	for i := range n {
+		head := HashKey(fmt.Sprintf("head-%d", i))
+		r.Pick(Request{Hash: head, Now: now}).Release()
+		hint := NoCompaction
+		if i%97 == 0 {
+			hint = CompactedPrefix
+		}
+		r.Pick(Request{Hash: head ^ 0x9e3779b97f4a7c15, Parent: head, Continues: true, Compaction: hint, Now: now}).Release()
+		if i%10_000 == 0 {
+			now = now.Add(time.Second)
+		}
+	}
+	st := r.Status()
+	var sessions, active int64
+	for _, rs := range st.Replicas {
+		sessions += rs.Sessions
+		active += rs.ActiveSessions
+	}
+	if st.Sessions != maxSessions || sessions != maxSessions || active > maxSessions || st.InFlight != 0 {
+		t.Errorf("sessions %d (sum %d), active %d, in flight %d; want %d sessions", st.Sessions, sessions, active, st.InFlight, maxSessions)
+	}
+	if st.Evicted != uint64(2*n-maxSessions) {
+		t.Errorf("evicted %d, want %d", st.Evicted, 2*n-maxSessions)
 	}
 }
