@@ -39,7 +39,7 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 
 // routeRequest is what selection needs from a request's identity.
 func routeRequest(id sessionkey.Identity) selection.Request {
-	req := selection.Request{Hash: id.Key, Parent: id.Parent, Continues: id.Continues}
+	req := selection.Request{Hash: id.Key, Parent: id.Parent, Continues: id.Continues, Renamed: id.Renamed}
 	switch id.Hint {
 	case sessionkey.Compacting:
 		req.Compaction = selection.Compacting

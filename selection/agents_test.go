@@ -248,3 +248,35 @@ func TestMillionFingerprintFlood(t *testing.T) {
 		t.Errorf("evicted %d, want %d", st.Evicted, 2*n-maxSessions)
 	}
 }
+
+// A header-less conversation's second turn joins its first turn's key, which
+// then stops counting as a conversation of its own; the active counts stay
+// exact through sweeps and through a new use of the old key.
+func TestRenamedConversationCountsOnce(t *testing.T) {
+	r := newTestRouter(2, Config{ActiveWindow: time.Minute})
+	head := HashKey("head")
+	r.Pick(Request{Hash: head, Now: t0}).Release()
+	d := r.Pick(Request{Hash: HashKey("head+reply"), Parent: head, Continues: true, Renamed: true, Now: t0})
+	d.Release()
+	if d.Outcome != Joined || activeTotal(r) != 1 || r.Status().Sessions != 2 {
+		t.Fatalf("%v, active %d, sessions %d; want joined, 1 active, 2 entries", d.Outcome, activeTotal(r), r.Status().Sessions)
+	}
+	// Another conversation with the same head: the old key is used again.
+	r.Pick(Request{Hash: head, Now: t0.Add(time.Second)}).Release()
+	if activeTotal(r) != 2 {
+		t.Fatalf("active %d after the head's reuse, want 2", activeTotal(r))
+	}
+	r.Sweep(t0.Add(2 * time.Minute))
+	if activeTotal(r) != 0 {
+		t.Fatalf("active %d after the window, want 0", activeTotal(r))
+	}
+	r.Pick(Request{Hash: head, Now: t0.Add(3 * time.Minute)}).Release()
+	d = r.Pick(Request{Hash: HashKey("other+reply"), Parent: head, Continues: true, Renamed: true, Now: t0.Add(3 * time.Minute)})
+	d.Release()
+	r.Sweep(t0.Add(5 * time.Minute))
+	for _, rs := range r.Status().Replicas {
+		if rs.ActiveSessions != 0 {
+			t.Errorf("%s: %d active after the window", rs.ID, rs.ActiveSessions)
+		}
+	}
+}

@@ -23,6 +23,12 @@ type Request struct {
 	// threshold. A spawned sub-agent shares only the parent's system
 	// prefix, and joins only a replica about as light as the lightest.
 	Continues bool
+	// Renamed is true when Parent is this same conversation's earlier key
+	// (a header-less conversation's first turn, before it had a reply): once
+	// the conversation joins it, the old key no longer counts as an active
+	// conversation of its own, so that the conversation is not counted twice
+	// as load when placing others.
+	Renamed bool
 	// Compaction is the request's compaction hint.
 	Compaction Compaction
 	// ClientReplica is a replica ID the client asked for (client pinning);
@@ -205,6 +211,9 @@ func (v *View) pinByLoad(req Request, key uint64, now int64, compacted bool) Dec
 	default:
 		return d
 	}
+	if d.Outcome == Joined && req.Renamed {
+		v.router.retire(req.Parent)
+	}
 	if v.cfg.Shared != nil && !(d.Outcome == Compacted && previous == "") {
 		d = v.share(req, key, d, previous)
 	}
@@ -220,6 +229,18 @@ func (v *View) pinByLoad(req Request, key uint64, now int64, compacted bool) Dec
 		d.rep.compacted.Add(1)
 	}
 	return d
+}
+
+// retire stops counting key's entry as an active conversation until it is
+// used again; the entry keeps its pin.
+func (r *Router) retire(key uint64) {
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.byKey[key]; e != nil && e.active {
+		e.active = false
+		e.pin.active.Add(-1)
+	}
 }
 
 // pinOf is the replica key is pinned to, nil when none; it does not count

@@ -135,8 +135,10 @@ func (s *sessionShard) remove(e *session) {
 func (s *sessionShard) sweep(now, ttl, activeWindow int64) (expired int) {
 	for s.oldestActive != nil && now-s.oldestActive.lastSeen > activeWindow {
 		e := s.oldestActive
-		e.active = false
-		e.pin.active.Add(-1)
+		if e.active { // a retired entry (Router.retire) was already uncounted
+			e.active = false
+			e.pin.active.Add(-1)
+		}
 		s.oldestActive = e.prev
 	}
 	for s.tail != nil && now-s.tail.lastSeen > ttl {

@@ -254,7 +254,7 @@ func fingerprintOf(dec *json.Decoder, system json.RawMessage) (fp Identity, resu
 		var r xxhash.Digest
 		r.Reset()
 		writeCanonical(&r, item)
-		return Identity{Key: Combine(head, nonZero(r.Sum64())), Parent: head, Continues: true, Source: Fingerprint}, false
+		return Identity{Key: Combine(head, nonZero(r.Sum64())), Parent: head, Continues: true, Renamed: true, Source: Fingerprint}, false
 	}
 	if _, err := dec.Token(); err != nil { // the closing bracket
 		return Identity{}, false

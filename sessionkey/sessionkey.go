@@ -90,6 +90,9 @@ type Identity struct {
 	// parent's (a fork, or a fingerprinted conversation past its first
 	// turn): the parent's replica holds its prefix.
 	Continues bool
+	// Renamed is true when Parent is this same conversation's earlier key
+	// (a fingerprinted conversation's first turn).
+	Renamed bool
 	// Hint is the compaction hint the request carries.
 	Hint Hint
 	// Source is where Key came from.
