@@ -194,8 +194,9 @@ func fromUserID(userID string) (id string, structured bool) {
 //
 // Two conversations may share their head exactly (one template, the same
 // opening message). They differ from their first reply on (sampling, tool
-// call IDs, tool results), so once a conversation has a reply its key is the
-// head and that reply, and its parent is the head alone, the key of its
+// call IDs, tool results), or from the message after it when that reply is
+// canned, so once a conversation has a reply its key is the head, that reply
+// and the prompt after it, and its parent is the head alone, the key of its
 // first turn: it is placed beside its first turn (where the head is cached)
 // as a continuation, and conversations that shared a head each get their own
 // pin from their second turn.
@@ -254,6 +255,28 @@ func fingerprintOf(dec *json.Decoder, system json.RawMessage) (fp Identity, resu
 		var r xxhash.Digest
 		r.Reset()
 		writeCanonical(&r, item)
+		// The prompt right after the first reply, when there is one: some
+		// clients open every conversation with the same exchange (Qwen Code
+		// sends its context, then a canned "Got it" reply), which only the
+		// next message tells apart. A tool call's output is not a prompt.
+		// Read whole like the head, or no key: a scan cut inside it cuts at
+		// the same place on every turn.
+		if !dec.More() {
+			if tok, err := dec.Token(); err != nil || tok != json.Delim(']') {
+				return Identity{}, false
+			}
+		} else {
+			var next any
+			if dec.Decode(&next) != nil {
+				return Identity{}, false
+			}
+			m, _ := next.(map[string]any)
+			role, _ := m["role"].(string)
+			typ, _ := m["type"].(string)
+			if isPrompt(role, typ) {
+				writeCanonical(&r, next)
+			}
+		}
 		return Identity{Key: Combine(head, nonZero(r.Sum64())), Parent: head, Continues: true, Renamed: true, Source: Fingerprint}, false
 	}
 	if _, err := dec.Token(); err != nil { // the closing bracket

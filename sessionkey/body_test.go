@@ -3,6 +3,7 @@ package sessionkey
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -154,6 +155,37 @@ func TestFingerprintNoFalseMerge(t *testing.T) {
 	}
 }
 
+// Qwen Code opens every conversation with the same exchange: its context
+// (date, directory, files) as a user message and a canned reply. Two
+// conversations in one directory on one day then share head and first
+// reply; the message after the reply keeps them apart, and each keeps its
+// key on every turn.
+func TestFingerprintCannedOpeningExchange(t *testing.T) {
+	opening := `{"role":"user","content":"Today is Tuesday. My directory is /src. Files: main.go"},` +
+		`{"role":"assistant","content":"Got it. Thanks for the context!"}`
+	body := func(turns ...string) []byte {
+		msgs := opening
+		for i, t := range turns {
+			msgs += `,{"role":"user","content":` + strconv.Quote(t) + `}`
+			if i < len(turns)-1 {
+				msgs += `,{"role":"assistant","content":"answer to ` + t + `"}`
+			}
+		}
+		return []byte(`{"model":"m","messages":[{"role":"system","content":"You are Qwen Code."},` + msgs + `]}`)
+	}
+	a1, a2, a3 := ReadBody(body("fix a"), true, true), ReadBody(body("fix a", "then b"), true, true), ReadBody(body("fix a", "then b", "then c"), true, true)
+	b1 := ReadBody(body("write docs"), true, true)
+	if a1.Key == 0 || a1 != a2 || a2 != a3 {
+		t.Fatalf("conversation a keyed %+v, %+v, %+v: want one key", a1, a2, a3)
+	}
+	if b1.Key == a1.Key {
+		t.Fatal("two conversations behind one canned opening share a key")
+	}
+	if a1.Parent != b1.Parent || a1.Parent == 0 {
+		t.Fatalf("parents %x and %x: want the shared opening", a1.Parent, b1.Parent)
+	}
+}
+
 func TestReadBodyPrecedence(t *testing.T) {
 	c := newConversation("chat", "sys", "hello", 1)
 	fp := ReadBody(c.body(2), true, true)
@@ -200,10 +232,11 @@ func TestFingerprintCutShort(t *testing.T) {
 			t.Fatalf("cut at %d of %d: %+v, want %+v or nothing", cut, len(body), got, full)
 		}
 	}
-	// Once the first reply is read, the rest of the body does not matter.
-	i := strings.Index(string(body), "follow-up 0")
+	// Once the first reply and the message after it are read, the rest of
+	// the body does not matter.
+	i := strings.Index(string(body), "reply 1")
 	if got := ReadBody(body[:i], true, true); got != full {
-		t.Errorf("cut after the first reply: %+v, want %+v", got, full)
+		t.Errorf("cut after the message that follows the first reply: %+v, want %+v", got, full)
 	}
 }
 
