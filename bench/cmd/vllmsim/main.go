@@ -1,5 +1,5 @@
-// Command vllmsim serves simulated vLLM engines on 127.0.0.1: the OpenAI and Anthropic chat
-// endpoints, /v1/models, /health and /metrics of a vLLM V1 server, with its prefix cache,
+// Command vllmsim serves simulated vLLM engines on 127.0.0.1: the OpenAI chat, OpenAI
+// Responses and Anthropic messages endpoints, /v1/models, /health and /metrics of a vLLM V1 server, with its prefix cache,
 // scheduler and data-parallel balancer modelled in simulated time. See bench/vllmsim/README.md.
 package main
 
