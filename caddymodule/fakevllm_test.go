@@ -29,6 +29,11 @@ type fakeVLLM struct {
 	running []atomic.Int64 // per engine
 	scrapes atomic.Int64   // GET /metrics served
 
+	// Set before the first scrape: noTotal names the counters without
+	// _total (as llm-d-inference-sim does), noPrefix leaves out the
+	// prefix-cache counters and prompt_tokens_cached.
+	noTotal, noPrefix bool
+
 	mu         sync.Mutex
 	seen       []seenRequest
 	tokens     []engineTokens // per engine
@@ -129,9 +134,16 @@ func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {
 		{"vllm:prefix_cache_hits_total", func(t engineTokens) int { return t.cached }},
 		{"vllm:generation_tokens_total", func(t engineTokens) int { return t.generated }},
 	} {
-		fmt.Fprintf(&b, "# TYPE %s counter\n", c.name)
+		name := c.name
+		if f.noPrefix && (strings.Contains(name, "prefix_cache") || strings.Contains(name, "cached")) {
+			continue
+		}
+		if f.noTotal {
+			name = strings.TrimSuffix(name, "_total")
+		}
+		fmt.Fprintf(&b, "# TYPE %s counter\n", name)
 		for e, t := range tokens {
-			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"m\"} %d\n", c.name, e, c.value(t))
+			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"m\"} %d\n", name, e, c.value(t))
 		}
 	}
 	fmt.Fprint(w, b.String())

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -212,4 +213,53 @@ func sorted(s []string) []string {
 	out := slices.Clone(s)
 	slices.Sort(out)
 	return out
+}
+
+// Servers that name their counters without _total have a prefix hit rate;
+// one without prefix-cache counters has none: null in the admin API and no
+// sample of the hit-ratio gauge.
+func TestPrefixHitRateAcrossServerKinds(t *testing.T) {
+	current, noTotal, noPrefix := startFakeVLLM(t, "current", 1), startFakeVLLM(t, "no-total", 1), startFakeVLLM(t, "no-prefix", 1)
+	noTotal.noTotal = true
+	noPrefix.noPrefix = true
+	f := startFleet(t, "replicas {replicas}", current, noTotal, noPrefix)
+	for _, conv := range testrun.Sessions("kinds", 6) {
+		f.turn(t, conv)
+		f.turn(t, conv)
+	}
+	testrun.Eventually(t, 10*time.Second, "a hit rate for the servers with counters", func() bool {
+		for _, r := range f.status(t).Replicas {
+			if r.Address != noPrefix.addr && r.PrefixHitRate == nil {
+				return false
+			}
+		}
+		return true
+	})
+	var raw struct {
+		Replicas []map[string]any `json:"replicas"`
+	}
+	if err := f.caddy.Do(http.MethodGet, "/warden/models/m", nil, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range raw.Replicas {
+		v, present := r["prefix_hit_rate"]
+		if r["address"] == noPrefix.addr && (!present || v != nil) {
+			t.Errorf("%s: prefix_hit_rate %v (present %v), want null", noPrefix.addr, v, present)
+		}
+		if r["address"] == noTotal.addr && v == nil {
+			t.Errorf("%s (counters without _total): prefix_hit_rate null", noTotal.addr)
+		}
+	}
+
+	sampled := map[string]bool{}
+	for _, m := range scrapeMetrics(t, f)["caddy_warden_replica_prefix_cache_hit_ratio"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "replica" {
+				sampled[l.GetValue()] = true
+			}
+		}
+	}
+	if !sampled[current.addr] || !sampled[noTotal.addr] || sampled[noPrefix.addr] {
+		t.Errorf("hit-ratio gauge sampled for %v; want %s and %s, not %s", sampled, current.addr, noTotal.addr, noPrefix.addr)
+	}
 }

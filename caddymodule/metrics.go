@@ -31,14 +31,14 @@ var (
 	descRunning      = desc("replica_running_requests", "vllm:num_requests_running at the last scrape.", replicaLabels...)
 	descWaiting      = desc("replica_waiting_requests", "vllm:num_requests_waiting at the last scrape.", replicaLabels...)
 	descKV           = desc("replica_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc at the last scrape (0..1).", replicaLabels...)
-	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters.", replicaLabels...)
+	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters (V0 servers: their own hit-rate gauge); no sample while unknown.", replicaLabels...)
 	descAffinity     = desc("affinity_enabled", "1 when the model pins sessions.", "model")
 	descThreshold    = desc("spill_threshold", "In-flight requests above which a pinned replica sheds a request.", "model")
 	descUnkeyed      = desc("unkeyed_requests_total", "Requests without a session key.", "model")
 	descNoReplica    = desc("no_replica_total", "Requests for which no replica was usable.", "model")
 	descEvicted      = desc("sessions_evicted_total", "Sessions dropped because the session table was full.", "model")
 	descExpired      = desc("sessions_expired_total", "Sessions forgotten after the idle TTL.", "model")
-	descPromptTokens = desc("prompt_tokens_per_second", "Prompt tokens per second over the last minute, by kind: cached (served from the prefix cache, engine-reported) or computed.", "model", "kind")
+	descPromptTokens = desc("prompt_tokens_per_second", "Prompt tokens per second over the last minute, by kind: cached (served from the prefix cache, engine-reported) or computed; of the replicas that report cached tokens, no sample when none does.", "model", "kind")
 	descGenTokens    = desc("generation_tokens_per_second", "Generated tokens per second over the last minute.", "model")
 	descAdopted      = desc("sessions_adopted_total", "Sessions pinned to the replica by another Caddy instance sharing the pin store.", replicaLabels...)
 	descStoreUp      = desc("pin_store_up", "1 when the shared pin store answers (its circuit breaker is closed).", "model")
@@ -127,11 +127,15 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descRunning, r.Running, name, r.ID)
 			gauge(descWaiting, r.Waiting, name, r.ID)
 			gauge(descKV, r.KVUsed, name, r.ID)
-			gauge(descHitRate, r.PrefixHitRate, name, r.ID)
+			if r.PrefixHitRate != nil {
+				gauge(descHitRate, *r.PrefixHitRate, name, r.ID)
+			}
 		}
 		rates, _ := l.model.fleet.Rates(now, rateWindow)
-		gauge(descPromptTokens, rates.CachedPerSec, name, "cached")
-		gauge(descPromptTokens, rates.ComputedPerSec, name, "computed")
+		if rates.CachedKnown {
+			gauge(descPromptTokens, rates.CachedPerSec, name, "cached")
+			gauge(descPromptTokens, rates.ComputedPerSec, name, "computed")
+		}
 		gauge(descGenTokens, rates.GenPerSec, name)
 		if ps := st.PinStore; ps != nil {
 			gauge(descStoreUp, boolValue(ps.Up), name)

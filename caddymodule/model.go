@@ -176,6 +176,10 @@ func (m *model) logHealthChange(addr string, old, new health.State) {
 		logger.Info("replica healthy", fields...)
 	case !old.Healthy && startingUp(old.Reason) && startingUp(new.Reason):
 		logger.Debug("replica starting", append(fields, zap.String("reason", new.String()))...)
+	case !old.Healthy && !startingUp(old.Reason):
+		// Only the reason changed (a slow scrape now too large, say): one
+		// warning per outage is enough.
+		logger.Info("replica still unhealthy", append(fields, zap.String("reason", new.String()))...)
 	default:
 		logger.Warn("replica unhealthy", append(fields, zap.String("reason", new.String()))...)
 	}

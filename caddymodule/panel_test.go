@@ -201,14 +201,14 @@ func TestHourStats(t *testing.T) {
 			t.Errorf("step %d: cached %v computed %v generation %v, want 75 25 10", at, st.Cached[i], st.Computed[i], st.Generation[i])
 		}
 	}
-	if math.Abs(st.HitShare-0.75) > 1e-9 {
-		t.Errorf("hit share %v, want 0.75", st.HitShare)
+	if st.HitShare == nil || math.Abs(*st.HitShare-0.75) > 1e-9 {
+		t.Errorf("hit share %v, want 0.75", fmtRate(st.HitShare))
 	}
 
 	// Samples older than the hour are neither charted nor counted.
 	late := hourStats(f, now.Add(2*fleet.HistoryRetention), statsStep)
-	if len(late.At) != 0 || late.HitShare != 0 {
-		t.Errorf("two hours later: %d steps, hit share %v; want none", len(late.At), late.HitShare)
+	if len(late.At) != 0 || late.HitShare != nil {
+		t.Errorf("two hours later: %d steps, hit share %v; want none", len(late.At), fmtRate(late.HitShare))
 	}
 }
 
@@ -243,8 +243,8 @@ func TestPanelDataOfLiveModel(t *testing.T) {
 	if got.SinceHuman != "3 minutes ago" {
 		t.Errorf("since %q, want 3 minutes ago", got.SinceHuman)
 	}
-	if len(got.Stats.At) == 0 || math.Abs(got.Stats.HitShare-0.5) > 1e-9 {
-		t.Errorf("stats: %d steps, hit share %v; want the replica's 0.5", len(got.Stats.At), got.Stats.HitShare)
+	if len(got.Stats.At) == 0 || got.Stats.HitShare == nil || math.Abs(*got.Stats.HitShare-0.5) > 1e-9 {
+		t.Errorf("stats: %d steps, hit share %v; want the replica's 0.5", len(got.Stats.At), fmtRate(got.Stats.HitShare))
 	}
 }
 
@@ -272,4 +272,12 @@ func BenchmarkHourStats(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(st.At)), "points")
 	b.ReportMetric(float64(len(data)), "json-bytes")
+}
+
+// fmtRate shows a nullable rate in a test message.
+func fmtRate(v *float64) string {
+	if v == nil {
+		return "null"
+	}
+	return fmt.Sprint(*v)
 }

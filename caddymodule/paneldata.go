@@ -48,9 +48,11 @@ type PanelStats struct {
 	Cached     []float64 `json:"cached_tokens_per_s"`
 	Computed   []float64 `json:"computed_tokens_per_s"`
 	Generation []float64 `json:"generation_tokens_per_s"`
-	// HitShare is cached / prompt tokens over the whole window, 0..1; 0 when
-	// no prompt token was counted.
-	HitShare float64 `json:"hit_share"`
+	// HitShare is cached / (cached + computed) prompt tokens over the whole
+	// window, 0..1; 0 when no prompt token was counted; nil (JSON null) when
+	// no replica reports cached tokens (prompt_tokens_cached or prefix-cache
+	// hits). Steps without a cached count have 0 in both Cached and Computed.
+	HitShare *float64 `json:"hit_share"`
 }
 
 // panelData assembles the panel of every live model at now.
@@ -93,8 +95,12 @@ func hourStats(f *fleet.Model, now time.Time, step time.Duration) PanelStats {
 		out.Computed = append(out.Computed, roundRate(p.ComputedPerSec))
 		out.Generation = append(out.Generation, roundRate(p.GenPerSec))
 	}
-	if rates, ok := f.Rates(now, fleet.HistoryRetention); ok && rates.PromptPerSec > 0 {
-		out.HitShare = min(rates.CachedPerSec/rates.PromptPerSec, 1)
+	if rates, ok := f.Rates(now, fleet.HistoryRetention); ok && rates.CachedKnown {
+		share := 0.0
+		if split := rates.CachedPerSec + rates.ComputedPerSec; split > 0 {
+			share = min(rates.CachedPerSec/split, 1)
+		}
+		out.HitShare = &share
 	}
 	return out
 }

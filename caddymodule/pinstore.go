@@ -86,11 +86,10 @@ func (p localPins) PinsUsedSince(t time.Time) []pinstore.Pin {
 	return out
 }
 
-// Adopt follows another instance's move, within the config in force. It
+// Adopt follows another instance's pin, within the config in force. It
 // asks the fleet, not the model, for the applied plan: the model's lock is
 // held while a sync is stopped.
-func (p localPins) Adopt(key uint64, replica string) {
-	if plan := p.m.fleet.Applied(); plan != nil {
-		plan.View().Adopt(key, replica)
-	}
+func (p localPins) Adopt(key uint64, replica string) bool {
+	plan := p.m.fleet.Applied()
+	return plan != nil && plan.View().Adopt(key, replica, time.Now())
 }

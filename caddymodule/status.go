@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"time"
 
+	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/pinstore"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
@@ -12,23 +13,26 @@ const hitRateWindow = 5 * time.Minute
 
 // ModelStatus is a model's routing panel, as the admin API serves it.
 type ModelStatus struct {
-	Model              string          `json:"model"`
-	Mode               string          `json:"mode"` // "replicas" or "ranks"
-	Affinity           bool            `json:"affinity"`
-	SpillThreshold     int             `json:"spill_threshold"`
-	SpillThresholdAuto bool            `json:"spill_threshold_auto"`
-	MaxNumSeqs         int             `json:"max_num_seqs"`
-	StickyPercent      float64         `json:"sticky_percent"`
-	InFlight           int64           `json:"in_flight"`
-	Sessions           int64           `json:"sessions"`
-	Requests           uint64          `json:"requests"`
-	Unkeyed            uint64          `json:"unkeyed"`
-	NoReplica          uint64          `json:"no_replica"`
-	SessionsEvicted    uint64          `json:"sessions_evicted"`
-	SessionsExpired    uint64          `json:"sessions_expired"`
-	PrefixHitRate      float64         `json:"prefix_hit_rate"` // fleet, over the last 5 minutes
-	Since              time.Time       `json:"since"`
-	Replicas           []ReplicaStatus `json:"replicas"`
+	Model              string  `json:"model"`
+	Mode               string  `json:"mode"` // "replicas" or "ranks"
+	Affinity           bool    `json:"affinity"`
+	SpillThreshold     int     `json:"spill_threshold"`
+	SpillThresholdAuto bool    `json:"spill_threshold_auto"`
+	MaxNumSeqs         int     `json:"max_num_seqs"`
+	StickyPercent      float64 `json:"sticky_percent"`
+	InFlight           int64   `json:"in_flight"`
+	Sessions           int64   `json:"sessions"`
+	Requests           uint64  `json:"requests"`
+	Unkeyed            uint64  `json:"unkeyed"`
+	NoReplica          uint64  `json:"no_replica"`
+	SessionsEvicted    uint64  `json:"sessions_evicted"`
+	SessionsExpired    uint64  `json:"sessions_expired"`
+	// PrefixHitRate is the fleet's, over the last 5 minutes, from the
+	// replicas' prefix-cache counters (else the mean of their own V0 hit-rate
+	// gauges); nil (JSON null) when no replica publishes either.
+	PrefixHitRate *float64        `json:"prefix_hit_rate"`
+	Since         time.Time       `json:"since"`
+	Replicas      []ReplicaStatus `json:"replicas"`
 	// PinSnapshot is absent when snapshots are off.
 	PinSnapshot *PinSnapshotStatus `json:"pin_snapshot,omitempty"`
 	// PinStore is the shared pin store's state; absent when pins are local.
@@ -56,26 +60,29 @@ type PinSnapshotStatus struct {
 
 // ReplicaStatus is one row of the panel.
 type ReplicaStatus struct {
-	ID             string  `json:"id"`
-	Address        string  `json:"address"`
-	Rank           int     `json:"rank"`
-	InFlight       int64   `json:"in_flight"`
-	Sticky         uint64  `json:"sticky"`
-	SpilledIn      uint64  `json:"spilled_in"`
-	ClientPinned   uint64  `json:"client_pinned"`
-	Placed         uint64  `json:"placed"`
-	Replaced       uint64  `json:"replaced"`
-	Adopted        uint64  `json:"adopted"` // sessions another Caddy instance pinned here (shared pin store)
-	Unpinned       uint64  `json:"unpinned"`
-	Running        float64 `json:"running"`
-	Waiting        float64 `json:"waiting"`
-	KVUsed         float64 `json:"kv_used"`
-	MetricsKnown   bool    `json:"metrics_known"`
-	PrefixHitRate  float64 `json:"prefix_hit_rate"` // over the last 5 minutes, 0..1
-	Healthy        bool    `json:"healthy"`
-	Health         string  `json:"health"`
-	Sessions       int64   `json:"sessions"`
-	ActiveSessions int64   `json:"active_sessions"`
+	ID           string  `json:"id"`
+	Address      string  `json:"address"`
+	Rank         int     `json:"rank"`
+	InFlight     int64   `json:"in_flight"`
+	Sticky       uint64  `json:"sticky"`
+	SpilledIn    uint64  `json:"spilled_in"`
+	ClientPinned uint64  `json:"client_pinned"`
+	Placed       uint64  `json:"placed"`
+	Replaced     uint64  `json:"replaced"`
+	Adopted      uint64  `json:"adopted"` // sessions another Caddy instance pinned here (shared pin store)
+	Unpinned     uint64  `json:"unpinned"`
+	Running      float64 `json:"running"`
+	Waiting      float64 `json:"waiting"`
+	KVUsed       float64 `json:"kv_used"`
+	MetricsKnown bool    `json:"metrics_known"`
+	// PrefixHitRate is over the last 5 minutes, 0..1, from the replica's
+	// prefix-cache counters (else its V0 engine's own hit-rate gauge); nil
+	// (JSON null) when it publishes neither, or before two scrapes of it.
+	PrefixHitRate  *float64 `json:"prefix_hit_rate"`
+	Healthy        bool     `json:"healthy"`
+	Health         string   `json:"health"`
+	Sessions       int64    `json:"sessions"`
+	ActiveSessions int64    `json:"active_sessions"`
 	// Process is the launched vLLM server's state, when warden runs it.
 	Process *supervise.State `json:"process,omitempty"`
 }
@@ -132,8 +139,9 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Sessions:       rs.Sessions,
 			ActiveSessions: rs.ActiveSessions,
 		}
-		if rates, ok := f.ReplicaRates(rs.Replica, now, hitRateWindow); ok {
-			row.PrefixHitRate = rates.HitRate()
+		row.PrefixHitRate = knownRate(f.ReplicaRates(rs.Replica, now, hitRateWindow))
+		if row.PrefixHitRate == nil {
+			row.PrefixHitRate = known(f.ReplicaReportedHitRate(rs.Replica, now, hitRateWindow))
 		}
 		if h, ok := f.Health(rs.Address, now); ok {
 			row.Health = h.String()
@@ -141,8 +149,26 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		row.Process = l.processState(rs.Address)
 		out.Replicas = append(out.Replicas, row)
 	}
-	if rates, ok := f.Rates(now, hitRateWindow); ok {
-		out.PrefixHitRate = rates.HitRate()
+	out.PrefixHitRate = knownRate(f.Rates(now, hitRateWindow))
+	if out.PrefixHitRate == nil {
+		out.PrefixHitRate = known(f.ReportedHitRate(now, hitRateWindow))
 	}
 	return out
+}
+
+// knownRate is the prefix hit rate of rates, nil when unknown: no rates, or
+// no prefix-cache counters in them.
+func knownRate(rates metricsfeed.Rates, ok bool) *float64 {
+	if !ok {
+		return nil
+	}
+	return known(rates.HitRate())
+}
+
+// known is v when ok, else nil.
+func known(v float64, ok bool) *float64 {
+	if !ok {
+		return nil
+	}
+	return &v
 }

@@ -49,3 +49,20 @@ func (m *Model) Series(step time.Duration) []metricsfeed.RatePoint {
 	}
 	return m.history.Series(step, p.sources()...)
 }
+
+// ReplicaReportedHitRate is the prefix-cache hit rate the replica's engines
+// report themselves (V0's gauge), for servers without prefix-cache counters;
+// ok is false when they report none within window.
+func (m *Model) ReplicaReportedHitRate(rep selection.Replica, now time.Time, window time.Duration) (float64, bool) {
+	return m.history.ReportedHitRate(now, window, Source(rep))
+}
+
+// ReportedHitRate is the mean of the applied plan's engines' own prefix-cache
+// hit rates (see ReplicaReportedHitRate).
+func (m *Model) ReportedHitRate(now time.Time, window time.Duration) (float64, bool) {
+	p := m.Applied()
+	if p == nil {
+		return 0, false
+	}
+	return m.history.ReportedHitRate(now, window, p.sources()...)
+}

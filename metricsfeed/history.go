@@ -35,6 +35,13 @@ func WholeTarget(target string) Source { return Source{Target: target, Engine: A
 // Rates are token rates and prefix-cache deltas over a window. Counter
 // resets (a restarted server) count the value after the reset as the
 // increase, so rates are never negative.
+//
+// A counter an engine does not publish is unknown, not zero. An engine that
+// publishes neither prompt_tokens_cached nor prefix-cache hits cannot split
+// its prompt tokens: they count in PromptPerSec but in neither CachedPerSec
+// nor ComputedPerSec, and CachedKnown is false when no selected engine could
+// split them. PrefixKnown is false when no selected engine published both
+// prefix-cache counters.
 type Rates struct {
 	PromptPerSec   float64 `json:"prompt_tokens_per_s"`
 	CachedPerSec   float64 `json:"cached_tokens_per_s"`   // prompt_tokens_cached, else prefix-cache hits
@@ -42,15 +49,21 @@ type Rates struct {
 	GenPerSec      float64 `json:"generation_tokens_per_s"`
 	PrefixQueries  float64 `json:"prefix_cache_queries"` // increase over the window, tokens
 	PrefixHits     float64 `json:"prefix_cache_hits"`    // increase over the window, tokens
+	CachedKnown    bool    `json:"cached_known"`
+	PrefixKnown    bool    `json:"prefix_known"`
 }
 
 // HitRate is the prefix-cache hit rate over the window (hits / queries), 0
-// when there was no query.
-func (r Rates) HitRate() float64 {
-	if r.PrefixQueries <= 0 {
-		return 0
+// when there was no query. ok is false when no engine published the
+// prefix-cache counters: the rate is unknown, which is not 0.
+func (r Rates) HitRate() (rate float64, ok bool) {
+	if !r.PrefixKnown {
+		return 0, false
 	}
-	return r.PrefixHits / r.PrefixQueries
+	if r.PrefixQueries <= 0 {
+		return 0, true
+	}
+	return r.PrefixHits / r.PrefixQueries, true
 }
 
 // RatePoint is one step of a rate time series; At is the start of the step.
@@ -60,6 +73,9 @@ type RatePoint struct {
 	CachedPerSec   float64   `json:"cached_tokens_per_s"`
 	ComputedPerSec float64   `json:"computed_tokens_per_s"`
 	GenPerSec      float64   `json:"generation_tokens_per_s"`
+	// CachedKnown is false when no engine could split the step's prompt
+	// tokens into cached and computed (see Rates).
+	CachedKnown bool `json:"cached_known"`
 }
 
 // NewHistory returns a History whose rings hold enough samples to cover
@@ -87,7 +103,7 @@ func (h *History) Add(target string, at time.Time, s Scrape) {
 			ring = &counterRing{samples: make([]counterSample, 0, h.capacity)}
 			h.series[key] = ring
 		}
-		ring.add(counterSample{at: at, present: e.Present, counters: [numCounters]float64{
+		ring.add(counterSample{at: at, present: e.Present, reportedHitRate: e.ReportedHitRate, counters: [numCounters]float64{
 			prefixQueries:      e.PrefixQueries,
 			prefixHits:         e.PrefixHits,
 			promptTokens:       e.PromptTokens,
@@ -135,8 +151,41 @@ func (h *History) Rates(now time.Time, window time.Duration, sources ...Source) 
 		total.GenPerSec += perSec.generation
 		total.PrefixQueries += sum.queries
 		total.PrefixHits += sum.hits
+		total.CachedKnown = total.CachedKnown || sum.cachedKnown
+		total.PrefixKnown = total.PrefixKnown || sum.prefixKnown
 	}
 	return total, found
+}
+
+// ReportedHitRate is the mean of the selected engines' own prefix-cache hit
+// rates (EngineStats.ReportedHitRate), each engine's latest in [now-window,
+// now]. ok is false when no selected engine reported one.
+func (h *History) ReportedHitRate(now time.Time, window time.Duration, sources ...Source) (rate float64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	from := now.Add(-window)
+	var sum float64
+	n := 0
+	for _, ring := range h.selectLocked(sources) {
+		for i := len(ring.samples) - 1; i >= 0; i-- {
+			s := ring.nth(i)
+			if s.at.After(now) {
+				continue
+			}
+			if s.at.Before(from) {
+				break
+			}
+			if s.present&FieldReportedHitRate != 0 {
+				sum += s.reportedHitRate
+				n++
+			}
+			break
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
 }
 
 // Series returns the summed rates of the selected engines per step (aligned
@@ -176,6 +225,7 @@ func (h *History) Series(step time.Duration, sources ...Source) []RatePoint {
 			p.CachedPerSec += perSec.cached
 			p.ComputedPerSec += perSec.computed
 			p.GenPerSec += perSec.generation
+			p.CachedKnown = p.CachedKnown || b.sum.cachedKnown
 		}
 	}
 	series := make([]RatePoint, 0, len(points))
@@ -225,9 +275,10 @@ var counterFields = [numCounters]Field{
 }
 
 type counterSample struct {
-	at       time.Time
-	present  Field
-	counters [numCounters]float64
+	at              time.Time
+	present         Field
+	counters        [numCounters]float64
+	reportedHitRate float64 // the V0 engine's own gauge, when present has it
 }
 
 // counterRing holds the latest samples of one engine, oldest overwritten.
@@ -260,9 +311,12 @@ func (r *counterRing) eachPair(fn func(prev, cur counterSample)) {
 	}
 }
 
-// increase is the token counts gained between samples.
+// increase is the token counts gained between samples. cachedKnown and
+// prefixKnown say whether the engine published what cached/computed and
+// queries/hits are made of.
 type increase struct {
 	prompt, cached, computed, generation, queries, hits float64
+	cachedKnown, prefixKnown                            bool
 }
 
 func (a *increase) add(b increase) {
@@ -272,23 +326,29 @@ func (a *increase) add(b increase) {
 	a.generation += b.generation
 	a.queries += b.queries
 	a.hits += b.hits
+	a.cachedKnown = a.cachedKnown || b.cachedKnown
+	a.prefixKnown = a.prefixKnown || b.prefixKnown
 }
 
 func (a increase) perSecond(span time.Duration) increase {
 	secs := span.Seconds()
 	return increase{
-		prompt:     a.prompt / secs,
-		cached:     a.cached / secs,
-		computed:   a.computed / secs,
-		generation: a.generation / secs,
-		queries:    a.queries / secs,
-		hits:       a.hits / secs,
+		prompt:      a.prompt / secs,
+		cached:      a.cached / secs,
+		computed:    a.computed / secs,
+		generation:  a.generation / secs,
+		queries:     a.queries / secs,
+		hits:        a.hits / secs,
+		cachedKnown: a.cachedKnown,
+		prefixKnown: a.prefixKnown,
 	}
 }
 
 // pairIncrease is what an engine's counters gained from prev to cur. A
 // counter missing from either sample gained nothing; one that went down was
-// reset, and its new value is what it gained since.
+// reset, and its new value is what it gained since. Without a cached count
+// (prompt_tokens_cached, else prefix-cache hits) the prompt tokens cannot be
+// split, and count as neither cached nor computed.
 func pairIncrease(prev, cur counterSample) increase {
 	gained := func(i int) float64 {
 		f := counterFields[i]
@@ -300,16 +360,21 @@ func pairIncrease(prev, cur counterSample) increase {
 		}
 		return cur.counters[i] - prev.counters[i]
 	}
+	both := prev.present & cur.present
 	inc := increase{
-		prompt:     gained(promptTokens),
-		generation: gained(generationTokens),
-		queries:    gained(prefixQueries),
-		hits:       gained(prefixHits),
+		prompt:      gained(promptTokens),
+		generation:  gained(generationTokens),
+		queries:     gained(prefixQueries),
+		hits:        gained(prefixHits),
+		prefixKnown: both&PrefixFields == PrefixFields,
 	}
-	if prev.present&cur.present&FieldPromptTokensCached != 0 {
-		inc.cached = gained(promptTokensCached)
-	} else {
-		inc.cached = inc.hits
+	switch {
+	case both&FieldPromptTokensCached != 0:
+		inc.cached, inc.cachedKnown = gained(promptTokensCached), true
+	case both&FieldPrefixHits != 0:
+		inc.cached, inc.cachedKnown = inc.hits, true
+	default:
+		return inc
 	}
 	inc.computed = max(inc.prompt-inc.cached, 0)
 	return inc

@@ -34,8 +34,8 @@ func TestRatesSteadyState(t *testing.T) {
 	if !near(r.PromptPerSec, 100) || !near(r.CachedPerSec, 60) || !near(r.ComputedPerSec, 40) || !near(r.GenPerSec, 10) {
 		t.Errorf("rates %+v, want prompt 100, cached 60, computed 40, gen 10", r)
 	}
-	if !near(r.HitRate(), 0.6) || !near(r.PrefixQueries, 1000) {
-		t.Errorf("hit rate %v over %v queries, want 0.6 over 1000", r.HitRate(), r.PrefixQueries)
+	if hr, known := r.HitRate(); !known || !near(hr, 0.6) || !near(r.PrefixQueries, 1000) {
+		t.Errorf("hit rate %v (known %v) over %v queries, want 0.6 over 1000", hr, known, r.PrefixQueries)
 	}
 	if _, ok := h.Rates(t0.Add(time.Hour), time.Minute, WholeTarget("a")); ok {
 		t.Error("rates reported for a window with no samples")
@@ -84,13 +84,84 @@ func TestHitRateFollowsTheWindow(t *testing.T) {
 		want   float64
 	}{{5 * time.Second, 0.1}, {10 * time.Second, 0.1}, {20 * time.Second, 0.5}} {
 		r, ok := h.Rates(now, tc.window, WholeTarget("a"))
-		if !ok || !near(r.HitRate(), tc.want) {
-			t.Errorf("window %v: hit rate %v (ok %v), want %v", tc.window, r.HitRate(), ok, tc.want)
+		if hr, known := r.HitRate(); !ok || !known || !near(hr, tc.want) {
+			t.Errorf("window %v: hit rate %v (ok %v, known %v), want %v", tc.window, hr, ok, known, tc.want)
 		}
 		// Without prompt_tokens_cached, cached tokens are the prefix hits.
 		if !near(r.CachedPerSec, r.PrefixHits/tc.window.Seconds()) {
 			t.Errorf("window %v: cached %v/s, hits %v", tc.window, r.CachedPerSec, r.PrefixHits)
 		}
+	}
+}
+
+// TestUnknownCountersStayUnknown: an engine without prefix-cache counters
+// has no hit rate (not 0), and one without any cached count has prompt
+// tokens that are neither cached nor computed.
+func TestUnknownCountersStayUnknown(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	for i := range 11 {
+		at := t0.Add(time.Duration(i) * time.Second)
+		n := float64(i)
+		h.Add("bare", at, Scrape{Engines: []EngineStats{{Present: FieldPromptTokens | FieldGenerationTokens, PromptTokens: 100 * n, GenerationTokens: 10 * n}}})
+		h.Add("full", at, Scrape{Engines: []EngineStats{counters(0, n, 60)}})
+	}
+	now := t0.Add(10 * time.Second)
+	r, ok := h.Rates(now, time.Minute, WholeTarget("bare"))
+	if !ok || !near(r.PromptPerSec, 100) || !near(r.GenPerSec, 10) {
+		t.Fatalf("bare rates %+v ok=%v, want 100 prompt/s, 10 gen/s", r, ok)
+	}
+	if hr, known := r.HitRate(); known || r.PrefixKnown {
+		t.Errorf("bare: hit rate %v known, want unknown", hr)
+	}
+	if r.CachedKnown || r.CachedPerSec != 0 || r.ComputedPerSec != 0 {
+		t.Errorf("bare: cached %v computed %v known %v; want both unknown", r.CachedPerSec, r.ComputedPerSec, r.CachedKnown)
+	}
+	for _, p := range h.Series(time.Second, WholeTarget("bare")) {
+		if p.CachedKnown {
+			t.Errorf("bare: step %v has a known cached count", p.At)
+		}
+	}
+
+	// Together: the hit rate and the cached/computed split are the full
+	// engine's; the bare engine's prompt tokens count in the prompt total only.
+	r, _ = h.Rates(now, time.Minute, WholeTarget("bare"), WholeTarget("full"))
+	if hr, known := r.HitRate(); !known || !near(hr, 0.6) {
+		t.Errorf("mixed: hit rate %v known %v, want 0.6", hr, known)
+	}
+	if !r.CachedKnown || !near(r.PromptPerSec, 200) || !near(r.CachedPerSec, 60) || !near(r.ComputedPerSec, 40) {
+		t.Errorf("mixed: %+v, want prompt 200, cached 60, computed 40", r)
+	}
+
+	// A server with counters but prefix caching off reports real zeros.
+	h.Add("off", t0, Scrape{Engines: []EngineStats{counters(0, 0, 0)}})
+	h.Add("off", t0.Add(time.Second), Scrape{Engines: []EngineStats{counters(0, 1, 0)}})
+	r, _ = h.Rates(t0.Add(time.Second), time.Minute, WholeTarget("off"))
+	if hr, known := r.HitRate(); !known || hr != 0 || !r.CachedKnown {
+		t.Errorf("prefix caching off: hit rate %v known %v, cached known %v; want a known 0", hr, known, r.CachedKnown)
+	}
+}
+
+func TestReportedHitRate(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	v0 := func(rate float64) Scrape {
+		return Scrape{Engines: []EngineStats{{Present: LoadFields | FieldReportedHitRate, ReportedHitRate: rate}}}
+	}
+	h.Add("a", t0, v0(0.2))
+	h.Add("a", t0.Add(time.Second), v0(0.4))
+	h.Add("b", t0.Add(time.Second), v0(0.8))
+	h.Add("c", t0.Add(time.Second), Scrape{Engines: []EngineStats{{Present: LoadFields}}})
+	now := t0.Add(2 * time.Second)
+	if r, ok := h.ReportedHitRate(now, time.Minute, WholeTarget("a")); !ok || !near(r, 0.4) {
+		t.Errorf("a: %v ok=%v, want its latest 0.4", r, ok)
+	}
+	if r, ok := h.ReportedHitRate(now, time.Minute, WholeTarget("a"), WholeTarget("b"), WholeTarget("c")); !ok || !near(r, 0.6) {
+		t.Errorf("a, b, c: %v ok=%v, want the mean 0.6 of those reporting", r, ok)
+	}
+	if r, ok := h.ReportedHitRate(now, time.Minute, WholeTarget("c")); ok {
+		t.Errorf("c reports no hit rate, got %v", r)
+	}
+	if r, ok := h.ReportedHitRate(now.Add(time.Hour), time.Minute, WholeTarget("a")); ok {
+		t.Errorf("a stale sample counted: %v", r)
 	}
 }
 

@@ -39,14 +39,19 @@ const (
 	FieldRequestSuccess
 	FieldBlockSize
 	FieldNumGPUBlocks
+	FieldReportedHitRate
 )
 
 // LoadFields are the gauges a router needs to judge an engine's load.
 const LoadFields = FieldRunning | FieldWaiting | FieldKVUsage
 
+// PrefixFields are the prefix-cache counters a hit rate is computed from.
+const PrefixFields = FieldPrefixQueries | FieldPrefixHits
+
 // EngineStats is what one vLLM engine (one data-parallel rank) reported in a
-// scrape. Counters are cumulative since the server started; a counter the
-// body did not contain is zero and absent from Present.
+// scrape. Counters are cumulative since the server started; a series the
+// body did not contain is zero and absent from Present: read Present (or
+// Has) before trusting a zero.
 type EngineStats struct {
 	Model  string `json:"model"`
 	Engine int    `json:"engine"` // DP rank; 0 when the series carry no engine label
@@ -62,6 +67,13 @@ type EngineStats struct {
 	GenerationTokens   float64 `json:"generation_tokens"`
 	Preemptions        float64 `json:"preemptions"`
 	RequestSuccess     float64 `json:"request_success"` // summed over finished_reason
+
+	// ReportedHitRate is the server's own prefix-cache hit rate, 0..1, from
+	// the V0 engine's gauge vllm:gpu_prefix_cache_hit_rate (a block hit rate
+	// the engine computes itself, not over any window of warden's). Servers
+	// with counters do not publish it; absent when the engine reports -1
+	// (prefix caching disabled).
+	ReportedHitRate float64 `json:"reported_hit_rate"`
 
 	BlockSize    int `json:"block_size"`     // tokens per KV block, from cache_config_info
 	NumGPUBlocks int `json:"num_gpu_blocks"` // KV blocks on the GPU, from cache_config_info
@@ -100,17 +112,23 @@ const maxQueueLength = 1 << 30
 type seriesKind int
 
 const (
-	gauge       seriesKind = iota // one series per engine
-	counter                       // summed over extra labels (e.g. finished_reason)
-	legacyGauge                   // used only when the engine lacks the current name
+	gauge   seriesKind = iota // one series per engine and name
+	counter                   // summed over extra labels (e.g. finished_reason)
 )
 
-// seriesSpec maps one exposed series name to the EngineStats field it fills.
+// seriesSpec maps the names under which servers publish one value to the
+// EngineStats field it fills. Names are in order of preference: an engine
+// takes its value from the first name that has a sample for it, and ignores
+// the others, so a server publishing both a current and a deprecated name
+// (vLLM 0.9 and 0.10 do) is not counted twice.
 type seriesSpec struct {
-	name  string
+	names []string
 	kind  seriesKind
 	field Field
 	set   setter
+	// negativeAbsent makes a negative sample mean "not available" (the field
+	// stays absent) instead of corrupt data.
+	negativeAbsent bool
 }
 
 // setter validates a sample value and stores it into its field.
@@ -140,20 +158,47 @@ func accumulate(field func(*EngineStats) *float64) setter {
 	}
 }
 
-// vllmSeries lists the series Parse reads. Current names come before the
-// legacy ones so that a legacy series only fills what the current one did not.
+// counterNames lists the spellings of a counter, current first.
+//
+// vLLM creates its counters with prometheus_client, which appends _total in
+// the text exposition: vllm/v1/metrics/loggers.py names them
+// vllm:prefix_cache_queries, vllm:prompt_tokens, ... and /metrics shows
+// vllm:prefix_cache_queries_total, vllm:prompt_tokens_total, .... The V0
+// engine (vllm/engine/metrics.py) spelled _total in the name itself, with the
+// same result. Servers built on Go's client_golang publish a counter under
+// exactly the name they give it: llm-d-inference-sim (its metrics.go) names
+// the prefix-cache counters vllm:prefix_cache_hits and
+// vllm:prefix_cache_queries, without _total. Both spellings are accepted for
+// every counter warden reads.
+func counterNames(base string, deprecated ...string) []string {
+	names := []string{base + "_total", base}
+	for _, d := range deprecated {
+		names = append(names, d+"_total", d)
+	}
+	return names
+}
+
+// vllmSeries lists the series Parse reads.
 var vllmSeries = []seriesSpec{
-	{"vllm:num_requests_running", gauge, FieldRunning, queueLength(func(e *EngineStats) *int { return &e.Running })},
-	{"vllm:num_requests_waiting", gauge, FieldWaiting, queueLength(func(e *EngineStats) *int { return &e.Waiting })},
-	{"vllm:kv_cache_usage_perc", gauge, FieldKVUsage, setKVUsage},
-	{"vllm:gpu_cache_usage_perc", legacyGauge, FieldKVUsage, setKVUsage},
-	{"vllm:prefix_cache_queries_total", counter, FieldPrefixQueries, accumulate(func(e *EngineStats) *float64 { return &e.PrefixQueries })},
-	{"vllm:prefix_cache_hits_total", counter, FieldPrefixHits, accumulate(func(e *EngineStats) *float64 { return &e.PrefixHits })},
-	{"vllm:prompt_tokens_total", counter, FieldPromptTokens, accumulate(func(e *EngineStats) *float64 { return &e.PromptTokens })},
-	{"vllm:prompt_tokens_cached_total", counter, FieldPromptTokensCached, accumulate(func(e *EngineStats) *float64 { return &e.PromptTokensCached })},
-	{"vllm:generation_tokens_total", counter, FieldGenerationTokens, accumulate(func(e *EngineStats) *float64 { return &e.GenerationTokens })},
-	{"vllm:num_preemptions_total", counter, FieldPreemptions, accumulate(func(e *EngineStats) *float64 { return &e.Preemptions })},
-	{"vllm:request_success_total", counter, FieldRequestSuccess, accumulate(func(e *EngineStats) *float64 { return &e.RequestSuccess })},
+	{names: []string{"vllm:num_requests_running"}, kind: gauge, field: FieldRunning, set: queueLength(func(e *EngineStats) *int { return &e.Running })},
+	{names: []string{"vllm:num_requests_waiting"}, kind: gauge, field: FieldWaiting, set: queueLength(func(e *EngineStats) *int { return &e.Waiting })},
+	// vllm:gpu_cache_usage_perc is the V0 engine's name (vllm/engine/metrics.py),
+	// kept by V1 as deprecated since 0.9 (loggers.py: "Renamed as
+	// vllm:kv_cache_usage_perc"), and published by older llm-d-inference-sim.
+	{names: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}, kind: gauge, field: FieldKVUsage, set: setKVUsage},
+	// vllm:gpu_prefix_cache_queries and _hits are V1's names before 0.9
+	// (loggers.py: "Deprecated in 0.9 - Renamed as vllm:prefix_cache_queries").
+	{names: counterNames("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"), kind: counter, field: FieldPrefixQueries, set: accumulate(func(e *EngineStats) *float64 { return &e.PrefixQueries })},
+	{names: counterNames("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"), kind: counter, field: FieldPrefixHits, set: accumulate(func(e *EngineStats) *float64 { return &e.PrefixHits })},
+	{names: counterNames("vllm:prompt_tokens"), kind: counter, field: FieldPromptTokens, set: accumulate(func(e *EngineStats) *float64 { return &e.PromptTokens })},
+	{names: counterNames("vllm:prompt_tokens_cached"), kind: counter, field: FieldPromptTokensCached, set: accumulate(func(e *EngineStats) *float64 { return &e.PromptTokensCached })},
+	{names: counterNames("vllm:generation_tokens"), kind: counter, field: FieldGenerationTokens, set: accumulate(func(e *EngineStats) *float64 { return &e.GenerationTokens })},
+	{names: counterNames("vllm:num_preemptions"), kind: counter, field: FieldPreemptions, set: accumulate(func(e *EngineStats) *float64 { return &e.Preemptions })},
+	{names: counterNames("vllm:request_success"), kind: counter, field: FieldRequestSuccess, set: accumulate(func(e *EngineStats) *float64 { return &e.RequestSuccess })},
+	// The V0 engine's gauge (vllm/engine/metrics.py, "GPU prefix cache block
+	// hit rate"); its block allocators return -1 when prefix caching is
+	// unsupported or disabled.
+	{names: []string{"vllm:gpu_prefix_cache_hit_rate"}, kind: gauge, field: FieldReportedHitRate, set: setReportedHitRate, negativeAbsent: true},
 }
 
 func setKVUsage(e *EngineStats, v float64) error {
@@ -161,6 +206,14 @@ func setKVUsage(e *EngineStats, v float64) error {
 		return fmt.Errorf("KV usage %g outside [0, 1]", v)
 	}
 	e.KVUsage = min(v, 1)
+	return nil
+}
+
+func setReportedHitRate(e *EngineStats, v float64) error {
+	if v > 1+kvUsageSlack {
+		return fmt.Errorf("prefix-cache hit rate %g outside [0, 1]", v)
+	}
+	e.ReportedHitRate = min(v, 1)
 	return nil
 }
 
@@ -196,14 +249,18 @@ func Parse(r io.Reader) (Scrape, error) {
 
 	found := false
 	for _, spec := range vllmSeries {
-		family := families[spec.name]
-		if family == nil {
-			continue
-		}
-		found = true
-		for _, m := range family.GetMetric() {
-			if err := applySample(spec, m, engineFor); err != nil {
-				return Scrape{}, fmt.Errorf("metricsfeed: %s: %w", spec.name, err)
+		// source records, per engine, which of spec's names filled the field.
+		source := map[*EngineStats]int{}
+		for i, name := range spec.names {
+			family := families[name]
+			if family == nil {
+				continue
+			}
+			found = true
+			for _, m := range family.GetMetric() {
+				if err := applySample(spec, i, source, m, engineFor); err != nil {
+					return Scrape{}, fmt.Errorf("metricsfeed: %s: %w", name, err)
+				}
 			}
 		}
 	}
@@ -233,7 +290,9 @@ func Parse(r io.Reader) (Scrape, error) {
 	return scrape, nil
 }
 
-func applySample(spec seriesSpec, m *dto.Metric, engineFor func(*dto.Metric) (*EngineStats, error)) error {
+// applySample stores one sample of spec's name number nameIndex, unless an
+// earlier name already gave the engine its value.
+func applySample(spec seriesSpec, nameIndex int, source map[*EngineStats]int, m *dto.Metric, engineFor func(*dto.Metric) (*EngineStats, error)) error {
 	v, ok := sampleValue(m)
 	if !ok {
 		return errors.New("not a gauge, counter or untyped sample")
@@ -242,18 +301,27 @@ func applySample(spec seriesSpec, m *dto.Metric, engineFor func(*dto.Metric) (*E
 	if err != nil {
 		return err
 	}
-	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+	if from, filled := source[e]; filled {
+		switch {
+		case from < nameIndex:
+			return nil // a preferred name already gave this engine its value
+		case spec.kind == gauge:
+			return fmt.Errorf("engine %d: duplicate series", e.Engine)
+		}
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return fmt.Errorf("engine %d: invalid value %g", e.Engine, v)
 	}
-	switch {
-	case spec.kind == legacyGauge && e.Present&spec.field != 0:
-		return nil
-	case spec.kind == gauge && e.Present&spec.field != 0:
-		return fmt.Errorf("engine %d: duplicate series", e.Engine)
+	if v < 0 {
+		if spec.negativeAbsent {
+			return nil
+		}
+		return fmt.Errorf("engine %d: invalid value %g", e.Engine, v)
 	}
 	if err := spec.set(e, v); err != nil {
 		return fmt.Errorf("engine %d: %w", e.Engine, err)
 	}
+	source[e] = nameIndex
 	e.Present |= spec.field
 	return nil
 }

@@ -76,6 +76,125 @@ func TestParseLegacyGaugeNameAndNoEngineLabel(t *testing.T) {
 	}
 }
 
+// TestParseNameVariants reads saved /metrics bodies of the servers warden
+// meets: each must give the same kind of stats whatever the series are
+// called, and a series a server does not publish must stay absent.
+func TestParseNameVariants(t *testing.T) {
+	cases := []struct {
+		file string
+		want EngineStats
+	}{
+		{
+			// client_golang counters without _total
+			file: "llmd_sim_no_total.txt",
+			want: EngineStats{
+				Model: "Qwen/Qwen2.5-1.5B-Instruct", Running: 2, KVUsage: 0.1875,
+				PrefixQueries: 2000, PrefixHits: 750, PromptTokens: 2000, GenerationTokens: 1536, RequestSuccess: 12,
+				BlockSize: 16, NumGPUBlocks: 1024,
+				Present: LoadFields | PrefixFields | FieldPromptTokens | FieldGenerationTokens | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks,
+			},
+		},
+		{
+			// current and deprecated names side by side: counted once
+			file: "vllm_v1_both_prefix_names.txt",
+			want: EngineStats{
+				Model: "Qwen/Qwen3-8B", Running: 4, KVUsage: 0.21,
+				PrefixQueries: 64000, PrefixHits: 48000, PromptTokens: 63500, GenerationTokens: 4100, RequestSuccess: 42,
+				BlockSize: 16, NumGPUBlocks: 8192,
+				Present: LoadFields | PrefixFields | FieldPromptTokens | FieldGenerationTokens | FieldPreemptions | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks,
+			},
+		},
+		{
+			// only the deprecated gpu_ names
+			file: "vllm_v1_pre09_gpu_prefix.txt",
+			want: EngineStats{
+				Model: "Qwen/Qwen3-8B", Running: 4, KVUsage: 0.21,
+				PrefixQueries: 64000, PrefixHits: 48000, PromptTokens: 63500, GenerationTokens: 4100, RequestSuccess: 42,
+				BlockSize: 16, NumGPUBlocks: 8192,
+				Present: LoadFields | PrefixFields | FieldPromptTokens | FieldGenerationTokens | FieldPreemptions | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks,
+			},
+		},
+		{
+			// V0: a hit-rate gauge instead of counters
+			file: "vllm_v0_gpu_names.txt",
+			want: EngineStats{
+				Model: "meta-llama/Llama-3.1-8B-Instruct", Running: 3, Waiting: 1, KVUsage: 0.3125,
+				PromptTokens: 48211, GenerationTokens: 9102, Preemptions: 2, RequestSuccess: 61, ReportedHitRate: 0.4375,
+				BlockSize: 16, NumGPUBlocks: 27690,
+				Present: LoadFields | FieldPromptTokens | FieldGenerationTokens | FieldPreemptions | FieldRequestSuccess | FieldReportedHitRate | FieldBlockSize | FieldNumGPUBlocks,
+			},
+		},
+		{
+			// nothing about the prefix cache at all
+			file: "no_prefix_counters.txt",
+			want: EngineStats{
+				Model: "Qwen/Qwen2.5-1.5B-Instruct", Running: 1, KVUsage: 0.0625,
+				PromptTokens: 3200, GenerationTokens: 640, RequestSuccess: 5,
+				BlockSize: 16, NumGPUBlocks: 1024,
+				Present: LoadFields | FieldPromptTokens | FieldGenerationTokens | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks,
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.file, func(t *testing.T) {
+			s := parseFile(t, tc.file)
+			if len(s.Engines) != 1 {
+				t.Fatalf("got %d engines, want 1: %+v", len(s.Engines), s.Engines)
+			}
+			if got := s.Engines[0]; got != tc.want {
+				t.Errorf("\n got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestParseCounterSpellings checks every counter under each of its names,
+// with and without _total, typed or untyped.
+func TestParseCounterSpellings(t *testing.T) {
+	cases := map[string]Field{
+		"vllm:prefix_cache_queries": FieldPrefixQueries, "vllm:gpu_prefix_cache_queries": FieldPrefixQueries,
+		"vllm:prefix_cache_hits": FieldPrefixHits, "vllm:gpu_prefix_cache_hits": FieldPrefixHits,
+		"vllm:prompt_tokens": FieldPromptTokens, "vllm:prompt_tokens_cached": FieldPromptTokensCached,
+		"vllm:generation_tokens": FieldGenerationTokens, "vllm:num_preemptions": FieldPreemptions,
+		"vllm:request_success": FieldRequestSuccess,
+	}
+	for name, field := range cases {
+		for _, spelling := range []string{name, name + "_total"} {
+			for _, typed := range []bool{false, true} {
+				body := spelling + `{engine="0"} 7` + "\n"
+				if typed {
+					body = "# TYPE " + spelling + " counter\n" + body
+				}
+				s, err := Parse(strings.NewReader(body))
+				if err != nil {
+					t.Errorf("%q: %v", body, err)
+					continue
+				}
+				if e := s.Engines[0]; e.Present != field {
+					t.Errorf("%q: present %b, want only %b", body, e.Present, field)
+				}
+			}
+		}
+	}
+}
+
+func TestParseReportedHitRate(t *testing.T) {
+	s, err := Parse(strings.NewReader(`vllm:gpu_prefix_cache_hit_rate{model_name="m"} -1.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+`))
+	if err != nil {
+		t.Fatalf("-1 (prefix caching disabled) rejected the scrape: %v", err)
+	}
+	if e := s.Engines[0]; e.Has(FieldReportedHitRate) || !e.Has(FieldKVUsage) {
+		t.Errorf("-1 hit rate: present %b, want KV usage only", e.Present)
+	}
+	for _, bad := range []string{"NaN", "1.5"} {
+		if _, err := Parse(strings.NewReader("vllm:gpu_prefix_cache_hit_rate " + bad + "\n")); err == nil {
+			t.Errorf("hit rate %s accepted", bad)
+		}
+	}
+}
+
 func TestParsePrefersCurrentKVName(t *testing.T) {
 	body := `vllm:gpu_cache_usage_perc{engine="0"} 0.9
 vllm:kv_cache_usage_perc{engine="0"} 0.2
@@ -154,7 +273,7 @@ func FuzzParse(f *testing.F) {
 			if i > 0 && e.Engine <= s.Engines[i-1].Engine {
 				t.Fatalf("engines not strictly sorted: %d after %d", e.Engine, s.Engines[i-1].Engine)
 			}
-			if e.Running < 0 || e.Waiting < 0 || !(e.KVUsage >= 0 && e.KVUsage <= 1) {
+			if e.Running < 0 || e.Waiting < 0 || !(e.KVUsage >= 0 && e.KVUsage <= 1) || !(e.ReportedHitRate >= 0 && e.ReportedHitRate <= 1) {
 				t.Fatalf("invalid load accepted: %+v", e)
 			}
 			for _, v := range []float64{e.PrefixQueries, e.PrefixHits, e.PromptTokens, e.PromptTokensCached, e.GenerationTokens, e.Preemptions, e.RequestSuccess} {

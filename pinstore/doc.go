@@ -5,8 +5,9 @@
 // The local pin table stays the hot path: a request whose session is pinned
 // locally never touches Redis. Redis is asked only on a local miss (Claim:
 // the first instance to pin a session wins, the others adopt its choice) and
-// on a move (Repin: a compare-and-set, then a Pub/Sub message so the other
-// instances follow at once). TTLs are refreshed in one pipelined batch per
+// on a move (Repin: a compare-and-set). Won claims and moves are published
+// (Pub/Sub), so that the other instances follow a move at once and count a
+// new conversation's load on its replica before its next turn reaches them. TTLs are refreshed in one pipelined batch per
 // SyncInterval (Run), never per request; the same batch repairs pins a
 // missed message or an emptied Redis left wrong.
 //

@@ -51,14 +51,20 @@ func (l *fakeLocal) PinsUsedSince(t time.Time) []Pin {
 	return out
 }
 
-func (l *fakeLocal) Adopt(key uint64, replica string) {
+func (l *fakeLocal) Adopt(key uint64, replica string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p, ok := l.pins[key]; ok {
-		p.replica = replica
-		l.pins[key] = p
-		l.adopts++
+	p, ok := l.pins[key]
+	if ok && p.replica == replica {
+		return false
 	}
+	if !ok {
+		p.used = time.Now()
+	}
+	p.replica = replica
+	l.pins[key] = p
+	l.adopts++
+	return true
 }
 
 // observed counts Observe calls by "op result".

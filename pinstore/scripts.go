@@ -32,13 +32,18 @@ local function touch()
 end
 `
 
-// claimScript: SET NX semantics. ARGV[5] = replica.
-// {1, replica} when the claim won, {0, current} when a pin existed.
+// claimScript: SET NX semantics. ARGV[5] = replica, ARGV[6] = channel.
+// {1, replica} when the claim won, {0, current} when a pin existed. A won
+// claim is published like a move, so that the other instances count the
+// new conversation's load on its replica at once, not when its next turn
+// reaches them: several instances placing conversations within one scrape
+// interval then spread them as one instance would.
 var claimScript = redis.NewScript(touch + `
 local cur = redis.call('GET', KEYS[1])
 if cur then return {0, cur} end
 redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[2])
 touch()
+redis.call('PUBLISH', ARGV[6], ARGV[1] .. ' ' .. ARGV[5])
 return {1, ARGV[5]}
 `)
 

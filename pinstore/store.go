@@ -112,9 +112,10 @@ type Local interface {
 	// PinsUsedSince lists this instance's pins used at or after t (the
 	// pins whose TTL to refresh).
 	PinsUsedSince(t time.Time) []Pin
-	// Adopt moves key's local pin to replica, if key is known locally and
-	// the replica ID is usable; otherwise ignores it.
-	Adopt(key uint64, replica string)
+	// Adopt pins key to replica in the local table, when the replica is
+	// usable there: it moves a local pin, or learns one another instance
+	// made. It reports whether the table changed.
+	Adopt(key uint64, replica string) bool
 }
 
 // Store is one instance's handle on the shared pin table of one model.
@@ -234,7 +235,7 @@ func (s *Store) args(hex string, extra ...any) ([]string, []any) {
 // timeout): the caller keeps its local decision.
 func (s *Store) Claim(key uint64, replica string) (pinned string, ok bool) {
 	hex := hexKey(key)
-	keys, args := s.args(hex, replica)
+	keys, args := s.args(hex, replica, s.channel)
 	var res []any
 	err := s.call("claim", s.cfg.Timeout, func(ctx context.Context) (err error) {
 		res, err = claimScript.Run(ctx, s.rdb, keys, args...).Slice()

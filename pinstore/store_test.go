@@ -191,6 +191,29 @@ func TestRepinMessageReachesOtherInstance(t *testing.T) {
 	}
 }
 
+// A won claim reaches the other instance, which learns the new pin; a
+// lost one publishes nothing.
+func TestClaimMessageTeachesOtherInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := open(t, srv.Addr, nil), open(t, srv.Addr, nil)
+	la, lb := newLocal(), newLocal()
+	run(t, a, la)
+	run(t, b, lb)
+	eventually(t, 5*time.Second, "both subscribed", func() bool { return subscribers(t, a) == 2 })
+	la.use(9, "r2")
+	if p, ok := a.Claim(9, "r2"); !ok || p != "r2" {
+		t.Fatalf("claim: %q %v", p, ok)
+	}
+	eventually(t, 5*time.Second, "b learns r2", func() bool { return lb.get(9) == "r2" })
+	if p, ok := b.Claim(9, "r1"); !ok || p != "r2" { // lost: adopts, publishes nothing
+		t.Fatalf("b's claim: %q %v", p, ok)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if la.get(9) != "r2" || a.Status().Adopted != 0 || b.Status().Adopted != 1 {
+		t.Fatalf("a holds %q, adopted a %d b %d", la.get(9), a.Status().Adopted, b.Status().Adopted)
+	}
+}
+
 // Claims and re-pins never call Redis while the breaker is open.
 func TestOpenBreakerMakesNoCall(t *testing.T) {
 	srv := redistest.Start(t)

@@ -67,11 +67,9 @@ func (s *Store) subscribe(ctx context.Context, local Local) {
 				s.log.Debug("pin store: bad re-pin message", zap.String("payload", m.Payload))
 				continue
 			}
-			if s.ownMessage(key, replica) {
-				continue
+			if !s.ownMessage(key, replica) && local.Adopt(key, replica) {
+				s.stat.adopted.Add(1)
 			}
-			local.Adopt(key, replica)
-			s.stat.adopted.Add(1)
 		}
 	}
 }
@@ -169,8 +167,9 @@ func (s *Store) refresh(local Local, pins []Pin, checkMarker bool) (lost bool, e
 		switch {
 		case !ok:
 		case code == syncDiffers && replica != pins[i].Replica:
-			local.Adopt(pins[i].Key, replica)
-			s.stat.adopted.Add(1)
+			if local.Adopt(pins[i].Key, replica) {
+				s.stat.adopted.Add(1)
+			}
 		case code == syncReclaimed:
 			s.stat.reclaimed.Add(1)
 		}

@@ -12,7 +12,11 @@ const (
 )
 
 func benchRouter(b *testing.B) (testRouter, []string) {
-	r := newTestRouter(benchReplicas, Config{MaxSessions: 2 * benchConversations})
+	return benchRouterWith(b, Config{MaxSessions: 2 * benchConversations})
+}
+
+func benchRouterWith(b *testing.B, cfg Config) (testRouter, []string) {
+	r := newTestRouter(benchReplicas, cfg)
 	keys := make([]string, benchConversations)
 	for i := range keys {
 		keys[i] = "5f0c8e3a-0000-4000-8000-" + strconv.Itoa(100000000000+i)
@@ -27,6 +31,17 @@ func benchRouter(b *testing.B) (testRouter, []string) {
 // lookup, spill gate, in-flight count and its release.
 func BenchmarkPinnedLookup(b *testing.B) {
 	r, keys := benchRouter(b)
+	i := 0
+	for b.Loop() {
+		r.Pick(Request{Key: keys[i%len(keys)], Now: t0}).Release()
+		i++
+	}
+}
+
+// BenchmarkPinnedLookupShared is BenchmarkPinnedLookup with a shared pin
+// table configured, which a known conversation never consults.
+func BenchmarkPinnedLookupShared(b *testing.B) {
+	r, keys := benchRouterWith(b, Config{MaxSessions: 2 * benchConversations, Shared: newMemoryPins()})
 	i := 0
 	for b.Loop() {
 		r.Pick(Request{Key: keys[i%len(keys)], Now: t0}).Release()

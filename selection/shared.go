@@ -44,46 +44,60 @@ func (v *View) share(req Request, key uint64, d Decision, previous string) Decis
 			return d
 		}
 	}
-	if !v.router.repinIf(key, d.rep, theirs) {
+	moved, ok := v.router.repinIf(key, d.rep, theirs)
+	if !ok {
 		return d // the local pin changed meanwhile; the next sync settles it
+	}
+	if moved { // else their message got here first, and counted it
+		theirs.adopted.Add(1)
 	}
 	theirs.inFlight.Add(1)
 	d.rep.inFlight.Add(-1)
-	theirs.adopted.Add(1)
 	return Decision{rep: theirs, Outcome: Adopted}
 }
 
 // repinIf moves key's local pin from one replica to another if it is still
-// on the first; it reports whether it moved.
-func (r *Router) repinIf(key uint64, from, to *replicaState) bool {
+// on the first. ok reports that the pin is now on the second, moved tells
+// whether this call moved it.
+func (r *Router) repinIf(key uint64, from, to *replicaState) (moved, ok bool) {
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.byKey[key]
-	if e == nil || e.pin != from {
-		return false
+	switch e := sh.byKey[key]; {
+	case e == nil:
+		return false, false
+	case e.pin == from:
+		e.repin(to)
+		return true, true
+	default:
+		return false, e.pin == to
 	}
-	e.repin(to)
-	return true
 }
 
-// Adopt moves a conversation this router knows to the replica another
-// router pinned it to, when the view lists that replica and it is healthy;
-// otherwise, and for conversations this router has not met, it does nothing.
-// It reports whether the pin moved.
-func (v *View) Adopt(key uint64, replica string) bool {
+// Adopt pins a conversation where another router pinned it: a pin this
+// router holds moves there, and one it does not hold is learnt (the other
+// router placed a new conversation), so that its load counts here at once
+// when placing the next ones. It does nothing when the view does not list
+// the replica or it is unhealthy, and reports whether the table changed.
+func (v *View) Adopt(key uint64, replica string, now time.Time) bool {
 	to := v.byID[replica]
 	if to == nil || !to.healthy.Load() {
 		return false
 	}
-	sh := v.router.sessions.shard(key)
+	r := v.router
+	sh := r.sessions.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.byKey[key]
-	if e == nil || e.pin == to {
+	switch {
+	case e == nil:
+		_, dropped := sh.insert(key, to, now.UnixNano())
+		r.evicted.Add(uint64(dropped))
+	case e.pin == to:
 		return false
+	default:
+		e.repin(to)
 	}
-	e.repin(to)
 	to.adopted.Add(1)
 	return true
 }

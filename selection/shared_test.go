@@ -148,7 +148,7 @@ func TestSharedPinsDownRoutesLocally(t *testing.T) {
 	}
 }
 
-func TestAdoptMovesOnlyKnownConversationsToHealthyListedReplicas(t *testing.T) {
+func TestAdoptMovesOrLearnsPinsOnHealthyListedReplicas(t *testing.T) {
 	r := newTestRouter(3, Config{})
 	d := pick(t, r, "conv")
 	d.Release()
@@ -158,24 +158,40 @@ func TestAdoptMovesOnlyKnownConversationsToHealthyListedReplicas(t *testing.T) {
 	if other == id(d) {
 		other = reps[1].ID
 	}
-	if r.Adopt(HashKey("stranger"), other) {
-		t.Fatal("adopted a conversation this router never met")
-	}
-	if r.Adopt(key, "127.0.0.1:9999") {
+	if r.Adopt(key, "127.0.0.1:9999", t0) {
 		t.Fatal("adopted a replica the view does not list")
 	}
 	r.SetHealthy(other, false)
-	if r.Adopt(key, other) {
+	if r.Adopt(key, other, t0) {
 		t.Fatal("adopted an unhealthy replica")
 	}
 	r.SetHealthy(other, true)
-	if !r.Adopt(key, other) {
+	if r.Adopt(key, id(d), t0) {
+		t.Fatal("adopting the pin in force changed something")
+	}
+	if !r.Adopt(key, other, t0) {
 		t.Fatal("did not adopt")
 	}
 	again := pick(t, r, "conv")
 	again.Release()
 	if again.Outcome != Sticky || id(again) != other {
 		t.Fatalf("after adopt: %v on %s", again.Outcome, id(again))
+	}
+
+	// A conversation another router placed is learnt: it counts as load
+	// on its replica when this router places the next one.
+	if !r.Adopt(HashKey("theirs"), other, t0) {
+		t.Fatal("did not learn another router's pin")
+	}
+	for _, rs := range r.Status().Replicas {
+		if rs.ID == other && (rs.Sessions != 2 || rs.ActiveSessions != 2 || rs.Adopted != 2) {
+			t.Fatalf("%s after learning: %+v", other, rs)
+		}
+	}
+	learnt := pick(t, r, "theirs")
+	learnt.Release()
+	if learnt.Outcome != Sticky || id(learnt) != other {
+		t.Fatalf("learnt conversation: %v on %s", learnt.Outcome, id(learnt))
 	}
 }
 
@@ -192,5 +208,20 @@ func TestPinsUsedSinceListsRecentPinsOnly(t *testing.T) {
 		if p.Key == HashKey("old") {
 			t.Fatalf("old pin listed: %+v", got)
 		}
+	}
+}
+
+// A turn of a conversation the router knows costs the shared table nothing:
+// no call, no allocation.
+func TestPinnedLookupWithSharedPinsCallsNothing(t *testing.T) {
+	pins := newMemoryPins()
+	r := sharedRouters(1, 4, pins)[0]
+	pick(t, r, "conv").Release()
+	calls := pins.callCount()
+	allocs := testing.AllocsPerRun(1000, func() {
+		r.Pick(Request{Key: "conv", Now: t0}).Release()
+	})
+	if allocs != 0 || pins.callCount() != calls {
+		t.Fatalf("%v allocations and %d shared calls per known turn", allocs, pins.callCount()-calls)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// healthLine is one of warden's "replica healthy" / "replica unhealthy" log
+// healthLine is one of warden's "replica healthy" / "replica (still) unhealthy" log
 // lines, as Caddy printed it.
 type healthLine struct {
 	at      time.Time // when the line arrived
@@ -61,7 +61,9 @@ func (l *logWatch) parse(at time.Time, line []byte) {
 	if json.Unmarshal(line, &entry) != nil || entry.Server == "" {
 		return
 	}
-	if entry.Msg != "replica healthy" && entry.Msg != "replica unhealthy" {
+	switch entry.Msg {
+	case "replica healthy", "replica unhealthy", "replica still unhealthy": // the last: a new reason
+	default:
 		return
 	}
 	l.mu.Lock()

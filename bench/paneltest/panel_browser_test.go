@@ -228,11 +228,17 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 			"in_flight": float64(r.InFlight), "sticky": float64(r.Sticky), "spilled_in": float64(r.SpilledIn),
 			"client_pinned": float64(r.ClientPinned), "sessions": float64(r.Sessions), "active_sessions": float64(r.ActiveSessions),
 			"running": r.Running, "waiting": r.Waiting,
-			"kv_used": 100 * r.KVUsed, "prefix_hit_rate": 100 * r.PrefixHitRate,
+			"kv_used": 100 * r.KVUsed,
 		} {
 			if !near(row[col], want) {
 				differ("replica %s %s: page %q, admin %v", r.ID, col, row[col], want)
 			}
+		}
+		switch shown := row["prefix_hit_rate"]; {
+		case r.PrefixHitRate == nil && shown != "—":
+			differ("replica %s prefix_hit_rate: page %q, admin null", r.ID, shown)
+		case r.PrefixHitRate != nil && !near(shown, 100**r.PrefixHitRate):
+			differ("replica %s prefix_hit_rate: page %q, admin %v", r.ID, shown, *r.PrefixHitRate)
 		}
 		if want := map[bool]string{true: "yes", false: "no"}[r.Healthy]; row["healthy"] != want {
 			differ("replica %s healthy: page %q, admin %v", r.ID, row["healthy"], r.Healthy)

@@ -39,6 +39,8 @@
   const integer = (v) => String(Math.round(v));
   const number = (v) => (Number.isInteger(v) ? String(v) : v.toFixed(1));
   const percent = (ratio) => (ratio * 100).toFixed(1) + "%";
+  // orUnknown shows null (a value the servers do not publish) as a dash.
+  const orUnknown = (ratio) => (ratio === null || ratio === undefined ? "—" : percent(ratio));
   const pad2 = (n) => String(n).padStart(2, "0");
   const clock = (d) => pad2(d.getHours()) + ":" + pad2(d.getMinutes());
   const clockSeconds = (d) => clock(d) + ":" + pad2(d.getSeconds());
@@ -63,7 +65,7 @@
     ["running", "Running", (r) => (r.metrics_known ? number(r.running) : "–")],
     ["waiting", "Waiting", (r) => (r.metrics_known ? number(r.waiting) : "–")],
     ["kv_used", "KV used", (r) => (r.metrics_known ? percent(r.kv_used) : "–")],
-    ["prefix_hit_rate", "Prefix hits (5 min)", (r) => percent(r.prefix_hit_rate)],
+    ["prefix_hit_rate", "Prefix hits (5 min)", (r) => orUnknown(r.prefix_hit_rate), (r) => (r.prefix_hit_rate === null ? "unknown: no prefix-cache counters from this replica (yet)" : "")],
     ["healthy", "Healthy", (r) => (r.healthy ? "yes" : "no"), (r) => r.health, (r) => (r.healthy ? "good" : "bad")],
     ["sessions", "Conversations", (r) => integer(r.sessions)],
     ["active_sessions", "Active", (r) => integer(r.active_sessions), () => "conversations that sent a request lately"],
@@ -211,7 +213,7 @@
       key("cached", "prompt, cached"),
       key("computed", "prompt, computed"),
       key("generation", "completion"),
-      el("span", { "data-stat": "hit_share", text: "Cached share of prompt tokens: " + percent(m.stats.hit_share) }),
+      el("span", { "data-stat": "hit_share", text: "Cached share of prompt tokens: " + orUnknown(m.stats.hit_share) }),
       readout,
     );
     return el("figure", { className: "chart" }, caption, chart(m.stats, generatedAt, readout));
