@@ -54,7 +54,6 @@ var clients = []client{
 				"DISABLE_ERROR_REPORTING=1",
 				"DISABLE_AUTOUPDATER=1",
 				"DISABLE_BUG_COMMAND=1",
-				"DISABLE_NON_ESSENTIAL_MODEL_CALLS=1",
 				"CLAUDE_CODE_GATEWAY_HINT_HEADERS=1", // records what the hints look like
 				"CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096",
 			}, nil

@@ -62,7 +62,7 @@ func testClient(t *testing.T, c client) {
 	a := conv("A", 3)
 	b := conv("B", 2)
 
-	t.Logf("%s %s, on the wire:\n%s", c.pkg, version, wireSummary(append(a, b...)))
+	t.Logf("%s %s, on the wire:\n%s  every request through Caddy: %v", c.pkg, version, wireSummary(append(a, b...)), f.requestCounts())
 	if dir := os.Getenv("CLIENTTEST_WIRE_DIR"); dir != "" {
 		if err := dumpWire(filepath.Join(dir, c.name), append(a, b...)); err != nil {
 			t.Error(err)

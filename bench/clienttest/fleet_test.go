@@ -3,6 +3,7 @@ package clienttest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -49,6 +50,7 @@ func TestMain(m *testing.M) {
 type fleet struct {
 	url string // Caddy's site, http://host:port
 	rec *recorder
+	log *syncWriter // Caddy's log, with an access log line per request
 }
 
 // startFleet starts the replicas (named r0, r1...) and Caddy for the test's duration.
@@ -98,14 +100,18 @@ func startFleet(t *testing.T) *fleet {
 	}
 }
 http://%[4]s {
+	log {
+		output stderr
+		format json
+	}
 	reverse_proxy %[3]s {
 		lb_policy warden %[2]s
 		flush_interval -1
 	}
 }
 `, admin, model, strings.Join(addrs, " "), site)
-	var log bytes.Buffer
-	proc, err := caddyproc.Start(bin, caddyfile, admin, &syncWriter{w: &log})
+	log := &syncWriter{}
+	proc, err := caddyproc.Start(bin, caddyfile, admin, log)
 	if err != nil {
 		t.Fatalf("starting Caddy: %v\n%s", err, log.String())
 	}
@@ -115,7 +121,7 @@ http://%[4]s {
 			t.Logf("Caddy's log:\n%s", log.String())
 		}
 	})
-	f := &fleet{url: "http://" + site, rec: rec}
+	f := &fleet{url: "http://" + site, rec: rec, log: log}
 	f.waitReady(t)
 	return f
 }
@@ -125,7 +131,7 @@ func (f *fleet) waitReady(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(f.url + "/v1/models")
+		resp, err := http.Get(f.url + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -134,7 +140,7 @@ func (f *fleet) waitReady(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatal("Caddy did not proxy /v1/models within 30s")
+	t.Fatal("Caddy did not proxy /health within 30s")
 }
 
 // recorder keeps every request the replicas served, in order.
@@ -164,11 +170,38 @@ func (r *recorder) since(mark int) []server.Served {
 
 type syncWriter struct {
 	mu sync.Mutex
-	w  *bytes.Buffer
+	w  bytes.Buffer
 }
 
 func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+// requestCounts counts the requests of Caddy's access log by method, URI and status, e.g.
+// "GET /v1/models 200": 3, leaving out the test's own (GET /health).
+func (f *fleet) requestCounts() map[string]int {
+	counts := map[string]int{}
+	for line := range strings.Lines(f.log.String()) {
+		var entry struct {
+			Msg     string `json:"msg"`
+			Status  int    `json:"status"`
+			Request struct {
+				Method string `json:"method"`
+				URI    string `json:"uri"`
+			} `json:"request"`
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil || entry.Msg != "handled request" || entry.Request.URI == "/health" {
+			continue
+		}
+		counts[fmt.Sprintf("%s %s %d", entry.Request.Method, entry.Request.URI, entry.Status)]++
+	}
+	return counts
 }
