@@ -25,10 +25,17 @@ const turnTimeout = 90 * time.Second
 // TestClients drives each real CLI through Caddy to the simulated replicas, in one project
 // directory: conversation A of three turns (the first, then two that continue it) must reach
 // one replica, and conversation B, started after it in the same directory and continued
-// once, must reach the other one.
+// once, must reach the other one. Each client has its own fleet, so clients run in parallel
+// (as many as -parallel, GOMAXPROCS by default); a CLI spends much of a turn starting up.
 func TestClients(t *testing.T) {
+	if _, err := caddyBin(); err != nil { // built once, before the clients start
+		t.Fatal(err)
+	}
 	for _, c := range clients {
-		t.Run(c.name, func(t *testing.T) { testClient(t, c) })
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testClient(t, c)
+		})
 	}
 }
 
