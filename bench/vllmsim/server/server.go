@@ -1,6 +1,6 @@
 // Package server serves simulated vLLM engines over HTTP with vLLM's surface: OpenAI chat
-// completions and responses, Anthropic messages, models, health and Prometheus metrics, one or more
-// data-parallel engines behind one port, and fault switches for reliability tests.
+// completions and responses, Anthropic messages, models, health and Prometheus metrics, one
+// or more data-parallel engines behind one port, and fault switches for reliability tests.
 //
 // Engines run in simulated time: a step the engine model says takes d takes d/TimeScale of
 // wall time, and every time the server reports (TTFT histogram) is simulated time.
