@@ -89,7 +89,7 @@ func testClient(t *testing.T, c client) {
 		t.Errorf("conversation B: %v", errB)
 	}
 	if errA == nil && errB == nil && engineA == engineB {
-		t.Errorf("conversations A and B both on %s; want them spread over the two replicas", engineA)
+		t.Errorf("conversations A and B both on %s; want them spread over the two replicas%s", engineA, sharedLead(a[0].reqs[0], b[0].reqs[0]))
 	}
 	if !t.Failed() {
 		t.Logf("%s %s: conversation A (3 turns) on %s, conversation B (2 turns) on %s", c.pkg, version, engineA, engineB)
@@ -174,6 +174,40 @@ func oneEngine(turns []turn, all bool) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("its requests reached %d replicas (%s)", len(engines), strings.Join(where, "; "))
+}
+
+// sharedLead says how much two conversations' first requests have in common: the
+// system prompt and the leading messages or input items that are byte for byte the same,
+// what a key derived from the conversation's head cannot tell apart.
+func sharedLead(a, b server.Served) string {
+	items := func(body []byte) []json.RawMessage {
+		var m struct {
+			Messages []json.RawMessage `json:"messages"`
+			Input    []json.RawMessage `json:"input"`
+		}
+		_ = json.Unmarshal(body, &m)
+		return append(m.Messages, m.Input...)
+	}
+	ia, ib := items(a.Body), items(b.Body)
+	n := 0
+	for n < len(ia) && n < len(ib) && bytes.Equal(ia[n], ib[n]) {
+		n++
+	}
+	var roles []string
+	for _, it := range ia[:n] {
+		var m struct{ Role, Type string }
+		_ = json.Unmarshal(it, &m)
+		roles = append(roles, cmpOrString(m.Role, m.Type))
+	}
+	return fmt.Sprintf(" (their first requests share the system prompt: %v, and %d of %d leading items: %v)",
+		promptHead(a) == promptHead(b), n, len(ia), roles)
+}
+
+func cmpOrString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // promptHead is what a request's prompt starts with: its system prompt (Anthropic system,
