@@ -174,9 +174,9 @@ func (m *model) logHealthChange(addr string, old, new health.State) {
 	switch {
 	case new.Healthy:
 		logger.Info("replica healthy", fields...)
-	case !old.Healthy && startingUp(old.Reason) && startingUp(new.Reason):
+	case !old.Healthy && old.Reason.Pending() && new.Reason.Pending():
 		logger.Debug("replica starting", append(fields, zap.String("reason", new.String()))...)
-	case !old.Healthy && !startingUp(old.Reason):
+	case !old.Healthy && !old.Reason.Pending():
 		// Only the reason changed (a slow scrape now too large, say): one
 		// warning per outage is enough.
 		logger.Info("replica still unhealthy", append(fields, zap.String("reason", new.String()))...)
@@ -185,10 +185,6 @@ func (m *model) logHealthChange(addr string, old, new health.State) {
 	}
 }
 
-// startingUp reports a reason a replica has before its first full check.
-func startingUp(r health.Reason) bool {
-	return r == health.ReasonNoMetrics || r == health.ReasonNoHealthCheck
-}
 
 // start runs the metrics poller, the session sweeper and the periodic pin
 // snapshot until Destruct. Starting a running model does nothing.

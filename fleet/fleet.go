@@ -192,8 +192,17 @@ func (m *Model) refreshHealth(now time.Time) {
 		return
 	}
 	for _, rep := range p.view.Replicas() {
-		if t := m.tracker(rep.Address); t != nil {
-			m.router.SetHealthy(rep.ID, t.Healthy(now))
+		t := m.tracker(rep.Address)
+		if t == nil {
+			continue
+		}
+		// Until its first check completes, a replica keeps the health it
+		// routes with (healthy when new): right after a restart, the pins
+		// restored to servers not scraped yet must not move while another
+		// server's first scrape comes in. Its unknown load already keeps
+		// new conversations away.
+		if st := t.State(now); !st.Reason.Pending() {
+			m.router.SetHealthy(rep.ID, st.Healthy)
 		}
 	}
 }

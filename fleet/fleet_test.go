@@ -126,6 +126,31 @@ func TestMetricsThatStopTurnAServerUnhealthy(t *testing.T) {
 	}
 }
 
+// Right after a start, the first scrape of one server must not make the
+// others unusable before their own first check: a restart's restored pins
+// would all move.
+func TestServersNotCheckedYetKeepTheirPins(t *testing.T) {
+	m := New("m", time.Second, t0, nil)
+	p := m.Prepare(Spec{Replicas: servers("a:1", "b:1"), Routing: selection.Config{Affinity: true}})
+	m.Apply(p)
+	p.View().Restore([]selection.Pin{{Key: selection.HashKey("conv"), Replica: "b:1", LastUse: t0.UnixNano()}}, t0)
+	observe(m, t0, "a:1") // b:1 not answered yet
+	m.ObserveScrape("b:1", t0, scrape(0, 0, 0), nil)
+	m.Tick(t0) // b:1: metrics but no /health answer yet
+	d := p.View().Pick(selection.Request{Key: "conv", Now: t0})
+	d.Release()
+	if rep, _ := d.Replica(); rep.ID != "b:1" || d.Outcome != selection.Sticky {
+		t.Fatalf("restored conversation: %v on %s before b:1's first check", d.Outcome, rep.ID)
+	}
+	// A failed check does move it.
+	m.ObserveHealth("b:1", t0.Add(time.Second), errors.New("503"))
+	d = p.View().Pick(selection.Request{Key: "conv", Now: t0.Add(time.Second)})
+	d.Release()
+	if rep, _ := d.Replica(); rep.ID != "a:1" || d.Outcome != selection.Replaced {
+		t.Fatalf("after b:1 failed its check: %v on %s", d.Outcome, rep.ID)
+	}
+}
+
 func TestFailedScrapeMakesLoadUnknown(t *testing.T) {
 	m := New("m", time.Second, t0, nil)
 	p := m.Prepare(Spec{Replicas: servers("a:1", "b:1"), Routing: selection.Config{Affinity: true}})

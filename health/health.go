@@ -23,6 +23,10 @@ const (
 	ReasonOK                  Reason = "ok"
 )
 
+// Pending reports a reason a replica has before its first check is
+// complete: nothing said yet whether it can take work.
+func (r Reason) Pending() bool { return r == ReasonNoMetrics || r == ReasonNoHealthCheck }
+
 // State is whether a replica can take work, and why.
 type State struct {
 	Healthy bool      `json:"healthy"`

@@ -42,6 +42,9 @@ type Result struct {
 	Status int
 	// Engine is the EngineHeader value ("" if absent).
 	Engine string
+	// Header is the response's header (nil if no response arrived), for
+	// callers that look at more than the engine (which proxy answered).
+	Header http.Header
 	// Cut is true when the run ended while the request was in flight; such
 	// a request is not an error.
 	Cut bool
@@ -214,6 +217,7 @@ func (r *Runner) exchange(ctx context.Context, client *http.Client, s *Session, 
 	defer resp.Body.Close()
 	res.Status = resp.StatusCode
 	res.Engine = resp.Header.Get(EngineHeader)
+	res.Header = resp.Header
 	if resp.StatusCode != http.StatusOK {
 		detail, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return streamOutcome{}, fmt.Errorf("status %d: %s", resp.StatusCode, detail)

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -53,5 +55,60 @@ func TestShortRun(t *testing.T) {
 	}
 	if rows[1].StayedPercent != 100 {
 		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
+	}
+}
+
+// Three Caddy instances behind a random front, sharing pins through Redis:
+// whichever instance a turn reaches, it goes to its conversation's replica.
+func TestInstancesShareRedisPins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy, Redis and the simulator")
+	}
+	requireRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	w := agentload.DefaultConfig()
+	w.Turns = 4
+	rows, err := Run(ctx, Options{
+		Topology:   TopologyServers,
+		Replicas:   3,
+		MaxNumSeqs: 32,
+		Sessions:   []int{4},
+		Warmup:     20 * time.Second,
+		Duration:   60 * time.Second,
+		BlockSize:  16,
+		TimeScale:  10,
+		Policies:   []string{"warden"},
+		Seed:       1,
+		Workload:   w,
+		WorkDir:    t.TempDir(),
+		Instances:  3,
+		PinStore:   PinStoreRedis,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rows[0]
+	t.Logf("%+v", r)
+	if r.Instances != 3 || r.PinStore != PinStoreRedis {
+		t.Errorf("row setup %d %q", r.Instances, r.PinStore)
+	}
+	if r.Requests < 10 || r.Errors != 0 {
+		t.Errorf("%d requests, %d errors", r.Requests, r.Errors)
+	}
+	if r.TurnsOnReplicaPercent < 99 {
+		t.Errorf("%.1f%% of turns on their conversation's replica, want ≥ 99%%", r.TurnsOnReplicaPercent)
+	}
+}
+
+// requireRedis skips a test without redis-server outside CI, and fails it
+// under CI, which installs it (as internal/redistest does).
+func requireRedis(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%v (.ci/run installs it)", ErrNoRedisServer)
+		}
+		t.Skipf("%v; skipping", ErrNoRedisServer)
 	}
 }

@@ -52,6 +52,12 @@ type Options struct {
 	// Fresh restarts the replicas before each policy's series; by default
 	// they keep their caches, as in the seed's run.
 	Fresh bool
+	// Instances is how many identically configured Caddy instances route
+	// (0 or 1: one, as before); with more, a front Caddy sends each request
+	// to one of them at random. PinStore is what they share: PinStoreNone
+	// (or empty) or PinStoreRedis.
+	Instances int
+	PinStore  string
 	// SimArgs are extra vllmsim flags (profile overrides).
 	SimArgs []string
 	// WorkDir receives the binaries and the admin JSON snapshots.
@@ -85,10 +91,22 @@ func (o *Options) check() error {
 			return fmt.Errorf("policy %q does not apply to topology %s (possible: %s)", p, o.Topology, strings.Join(allowed, ", "))
 		}
 	}
+	if err := (ClusterOptions{Instances: o.instances(), PinStore: o.PinStore}).check(); err != nil {
+		return err
+	}
 	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.BlockSize < 1 || len(o.Sessions) == 0 {
 		return errors.New("replicas, time scale, duration, block size and sessions must be positive, warm-up not negative")
 	}
 	return o.Workload.Validate()
+}
+
+func (o Options) instances() int { return max(o.Instances, 1) }
+
+func (o Options) pinStore() string {
+	if o.PinStore == "" {
+		return PinStoreNone
+	}
+	return o.PinStore
 }
 
 // Run measures every policy at every level and returns one row each.
@@ -104,45 +122,43 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Each run's instances get fresh storage: a pin snapshot left by an
+	// earlier run in the same work directory must not place this one's
+	// conversations.
+	storage, err := os.MkdirTemp(dir, "storage-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(storage)
 	var rows []report.Row
 	var sims []*Sim
 
 	defer func() { StopSims(sims) }()
-	var caddy *caddyproc.Process
-	defer func() {
-		if caddy != nil {
-			caddy.Stop()
-		}
-	}()
+	var cluster *Cluster
+	defer func() { cluster.Stop() }()
 	for i, policy := range o.Policies {
 		if sims == nil || (o.Fresh && i > 0) {
 			StopSims(sims)
 			if sims, err = StartSims(ctx, simBin, o); err != nil {
 				return rows, err
 			}
-			if caddy != nil {
-				caddy.Stop()
-				caddy = nil
-			}
+			cluster.Stop()
+			cluster = nil
 		}
-		site, err := caddyproc.FreeAddr()
-		if err != nil {
-			return rows, err
-		}
-		cfg := caddyfile(o, policy, site, sims)
-		if caddy == nil {
-			admin, err := caddyproc.FreeAddr()
-			if err != nil {
+		config := func(c *Cluster, inst *Instance) string { return caddyfile(o, policy, sims, c, inst) }
+		if cluster == nil {
+			co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log}
+			if co.DataDir, err = os.MkdirTemp(storage, "fleet-"); err != nil {
 				return rows, err
 			}
-			if caddy, err = caddyproc.Start(caddyBin, cfg.withAdmin(admin), admin, o.Log); err != nil {
+			if cluster, err = StartCluster(ctx, co, config); err != nil {
 				return rows, err
 			}
-		} else if err := caddy.Do(http.MethodPost, "/load", []byte(cfg.withAdmin(caddy.Admin)), nil, "Content-Type", "text/caddyfile"); err != nil {
+		} else if err := cluster.Load(config); err != nil {
 			return rows, err
 		}
 		if usesWarden(policy) {
-			if err := caddy.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": policy == "warden"}, nil); err != nil {
+			if err := cluster.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": policy == "warden"}); err != nil {
 				return rows, err
 			}
 		}
@@ -150,14 +166,20 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			if o.Progress != nil {
 				o.Progress(policy, n, false)
 			}
-			row, err := runLevel(ctx, o, policy, n, "http://"+site, sims)
+			row, err := runLevel(ctx, o, policy, n, "http://"+cluster.Site, sims)
 			if err != nil {
 				return rows, fmt.Errorf("%s at %d sessions: %v", policy, n, err)
 			}
 			rows = append(rows, row)
 			if usesWarden(policy) {
-				if err := saveAdminJSON(caddy, filepath.Join(dir, fmt.Sprintf("admin-%s-%d.json", policy, n))); err != nil {
-					return rows, err
+				for _, inst := range cluster.Instances {
+					name := fmt.Sprintf("admin-%s-%d.json", policy, n)
+					if len(cluster.Instances) > 1 {
+						name = fmt.Sprintf("admin-%s-x%d-%s-%d-%s.json", policy, o.instances(), o.pinStore(), n, inst.Name)
+					}
+					if err := saveAdminJSON(inst.Proc, filepath.Join(dir, name)); err != nil {
+						return rows, err
+					}
 				}
 			}
 			if o.Progress != nil {
@@ -170,16 +192,10 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 
 func usesWarden(policy string) bool { return policy == "warden" || policy == "off" }
 
-// config is a Caddyfile without its admin address.
-type config string
-
-func (c config) withAdmin(admin string) string {
-	return strings.Replace(string(c), "{$ADMIN}", admin, 1)
-}
-
-// caddyfile is the Caddy config of a policy. Times inside warden (metrics
-// interval, active window) are divided by the time scale like the replicas'.
-func caddyfile(o Options, policy, site string, sims []*Sim) config {
+// caddyfile is an instance's Caddy config for a policy. Times inside warden
+// (metrics interval, active window) are divided by the time scale like the
+// replicas'.
+func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance) string {
 	var upstreams []string
 	for _, s := range sims {
 		upstreams = append(upstreams, s.Addr)
@@ -190,7 +206,7 @@ func caddyfile(o Options, policy, site string, sims []*Sim) config {
 		model = fmt.Sprintf("server %s ranks %d", upstreams[0], o.Replicas)
 	}
 	global := fmt.Sprintf(`	warden {
-		model m {
+%s		model m {
 			%s
 			max_num_seqs %d
 			metrics_interval %s
@@ -198,7 +214,7 @@ func caddyfile(o Options, policy, site string, sims []*Sim) config {
 			session_ttl %s
 		}
 	}
-`, model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute))
+`, c.Global(), model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute))
 	lb := map[string]string{
 		"warden":      "lb_policy warden m",
 		"off":         "lb_policy warden m",
@@ -207,20 +223,20 @@ func caddyfile(o Options, policy, site string, sims []*Sim) config {
 		"round_robin": "lb_policy round_robin",
 		"vllm":        "", // one upstream: vLLM's own balancer picks the engine
 	}[policy]
-	return config(fmt.Sprintf(`{
-	admin {$ADMIN}
+	return fmt.Sprintf(`{
+	admin %s
 	default_bind 127.0.0.1
 	log {
 		level ERROR
 	}
 %s}
 http://%s {
-	reverse_proxy %s {
+%s	reverse_proxy %s {
 		%s
 		flush_interval -1
 	}
 }
-`, global, site, strings.Join(upstreams, " "), lb))
+`, inst.Admin, global, inst.Site, inst.SiteDirectives(), strings.Join(upstreams, " "), lb)
 }
 
 // saveAdminJSON keeps the model's panel as it stood after a level.
@@ -293,6 +309,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		return report.Row{}, err
 	}
 	sum := agentload.Summarize(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End)
+	place := Place(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End, o.engines())
 	hits, queries, preemptions := counterDeltas(before, after)
 	row := report.Row{
 		Mode:               report.ModeRun,
@@ -315,6 +332,13 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		Preemptions:        uint64(preemptions),
 		Replicas:           o.Replicas,
 		Topology:           o.Topology,
+
+		TurnsOnReplicaPercent: place.TurnsOnReplica,
+		NewConversations:      place.NewConversations,
+		NewSpread:             place.Spread,
+	}
+	if o.instances() > 1 || o.pinStore() != PinStoreNone {
+		row.Instances, row.PinStore = o.instances(), o.pinStore()
 	}
 	if queries > 0 {
 		row.PrefixHitPercent = 100 * hits / queries

@@ -25,10 +25,13 @@ type request struct {
 	// engine is the simulator's X-Vllmsim-Engine header ("r1/0"); empty
 	// when no response arrived.
 	engine string
-	status int
-	ok     bool   // a complete 200 stream
-	cut    bool   // ended by the end of the run: neither success nor failure
-	err    string // why it failed
+	// instance is the Caddy instance that answered (e2e.InstanceHeader:
+	// "i0"), empty when none did.
+	instance string
+	status   int
+	ok       bool   // a complete 200 stream
+	cut      bool   // ended by the end of the run: neither success nor failure
+	err      string // why it failed
 }
 
 func (r request) failed() bool { return !r.ok && !r.cut }

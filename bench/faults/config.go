@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/bench/e2e"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
@@ -31,6 +32,16 @@ type caddyConfig struct {
 	site     string
 	replicas []string
 	scale    float64
+	// global goes inside the global warden block (a pin store), site
+	// inside the site block (the instance's name header).
+	global string
+	site2  string
+}
+
+// forInstance is the config of one instance of a cluster.
+func (c caddyConfig) forInstance(cl *e2e.Cluster, inst *e2e.Instance) caddyConfig {
+	c.admin, c.site, c.global, c.site2 = inst.Admin, inst.Site, cl.Global(), inst.SiteDirectives()
+	return c
 }
 
 // caddyfile is the config with a spill_threshold ("auto" or a number).
@@ -42,7 +53,7 @@ func (c caddyConfig) caddyfile(spill string) string {
 	return fmt.Sprintf(`{
 	admin %s
 	warden {
-		model m {
+%s		model m {
 			replicas %s
 			max_num_seqs %d
 			spill_threshold %s
@@ -53,7 +64,7 @@ func (c caddyConfig) caddyfile(spill string) string {
 	}
 }
 http://%s {
-	reverse_proxy %s {
+%s	reverse_proxy %s {
 		lb_policy warden m
 		lb_retries %d
 		lb_try_duration %s
@@ -66,8 +77,8 @@ http://%s {
 		flush_interval -1
 	}
 }
-`, c.admin, replicas, maxNumSeqs, spill, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute),
-		c.site, replicas, retrySettings.retries, scaled(retrySettings.tryDuration), scaled(retrySettings.tryInterval),
+`, c.admin, c.global, replicas, maxNumSeqs, spill, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute),
+		c.site, c.site2, replicas, retrySettings.retries, scaled(retrySettings.tryDuration), scaled(retrySettings.tryInterval),
 		scaled(retrySettings.failDuration), retrySettings.requestBuffers)
 }
 
@@ -79,6 +90,12 @@ type modelStatus struct {
 	Requests       uint64          `json:"requests"`
 	Since          time.Time       `json:"since"`
 	Replicas       []replicaStatus `json:"replicas"`
+	PinSnapshot    struct {
+		Restored       int `json:"restored"`
+		Dropped        int `json:"dropped"`
+		AlreadyPinned  int `json:"dropped_already_pinned"`
+		UnknownReplica int `json:"dropped_unknown_replica"`
+	} `json:"pin_snapshot"`
 }
 
 type replicaStatus struct {
@@ -115,12 +132,15 @@ type adminSample struct {
 // adminWatch polls the admin JSON and checks that the counters continue:
 // requests never decrease and since never changes.
 type adminWatch struct {
+	mu    sync.Mutex
 	caddy *caddyproc.Process
-
-	mu         sync.Mutex
-	samples    []adminSample
-	errors     []adminError
-	violations []adminError
+	// restarting is set while Caddy restarts (samples are dropped), fresh
+	// once it has: the next sample starts the counters afresh instead of
+	// continuing them.
+	restarting, fresh bool
+	samples           []adminSample
+	errors            []adminError
+	violations        []adminError
 }
 
 // adminError is a failed poll or a broken counter, and when it happened.
@@ -142,9 +162,27 @@ func (a *adminWatch) run(ctx context.Context, every time.Duration) {
 	}
 }
 
+// restart tells the watch that Caddy is about to restart: its counters
+// start again from the next sample, read from the new process once started
+// says so (it listens on the same admin address).
+func (a *adminWatch) restart() {
+	a.mu.Lock()
+	a.restarting = true
+	a.mu.Unlock()
+}
+
+func (a *adminWatch) started(p *caddyproc.Process) {
+	a.mu.Lock()
+	a.caddy, a.restarting, a.fresh = p, false, true
+	a.mu.Unlock()
+}
+
 func (a *adminWatch) poll() {
+	a.mu.Lock()
+	caddy := a.caddy
+	a.mu.Unlock()
 	var st modelStatus
-	err := a.caddy.Do(http.MethodGet, "/warden/models/m", nil, &st)
+	err := caddy.Do(http.MethodGet, "/warden/models/m", nil, &st)
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -152,7 +190,12 @@ func (a *adminWatch) poll() {
 		a.errors = append(a.errors, adminError{now, err.Error()})
 		return
 	}
-	if n := len(a.samples); n > 0 {
+	switch n := len(a.samples); {
+	case a.restarting:
+		return
+	case a.fresh:
+		a.fresh = false
+	case n > 0:
 		prev := a.samples[n-1].st
 		if st.Requests < prev.Requests {
 			a.violations = append(a.violations, adminError{now, fmt.Sprintf("admin JSON requests went back from %d to %d", prev.Requests, st.Requests)})

@@ -45,6 +45,17 @@ type Options struct {
 	// Short holds each fault for fewer intervals and skips three of the six
 	// /metrics faults, so that a run fits in a test.
 	Short bool
+	// Instances is how many identically configured Caddy instances route
+	// (default 1); with more, a front Caddy sends each request to one at
+	// random, retrying another when it is down, and the run goes through
+	// the cluster's faults (an instance killed, Redis killed) instead of
+	// the replicas'. PinStore is what they share: e2e.PinStoreNone (or
+	// empty) or e2e.PinStoreRedis (a private redis-server).
+	Instances int
+	PinStore  string
+	// RedisOutage is how long (wall time) Redis stays down in the Redis
+	// fault (default 10 s).
+	RedisOutage time.Duration
 	// CaddyBin and SimBin are prebuilt binaries of cmd/caddy and
 	// bench/cmd/vllmsim; empty builds them into WorkDir.
 	CaddyBin string
@@ -64,8 +75,20 @@ func (o Options) withDefaults() Options {
 	if o.Sessions == 0 {
 		o.Sessions = 4
 	}
+	if o.Instances == 0 {
+		o.Instances = 1
+	}
+	if o.PinStore == "" {
+		o.PinStore = e2e.PinStoreNone
+	}
 	if o.Probes == 0 {
 		o.Probes = 6
+		if o.Instances > 1 {
+			o.Probes = 12 // each instance sees a third of a conversation's turns
+		}
+	}
+	if o.RedisOutage == 0 {
+		o.RedisOutage = 10 * time.Second
 	}
 	if o.TimeScale == 0 {
 		o.TimeScale = 10
@@ -82,6 +105,8 @@ func (o Options) check() error {
 		return errors.New("faults: at least 2 replicas, so that a failed one has somewhere to send its conversations")
 	case o.Sessions < 1 || o.Probes < 1:
 		return errors.New("faults: sessions and probes must be positive")
+	case o.Instances < 1 || (o.PinStore != e2e.PinStoreNone && o.PinStore != e2e.PinStoreRedis):
+		return errors.New("faults: at least one instance, and pin store none or redis")
 	case o.TimeScale <= 0 || o.TimeScale > 50:
 		return errors.New("faults: time scale must be in (0, 50]: faster, the host's scheduling noise is larger than an interval")
 	}
@@ -135,15 +160,7 @@ func Run(ctx context.Context, o Options) (Table, error) {
 	if err := h.warmUp(ctx); err != nil {
 		return table, err
 	}
-	// Each replica fault takes the next replica, so that every replica holds
-	// conversations whose pins are at stake.
-	phases := []func(context.Context) (Row, error){h.reloads, h.kill}
-	faults := o.metricsFaults()
-	for i, fault := range faults {
-		phases = append(phases, func(ctx context.Context) (Row, error) { return h.metricsFault(ctx, fault, i%o.Replicas) })
-	}
-	phases = append(phases, func(ctx context.Context) (Row, error) { return h.healthFault(ctx, len(faults)%o.Replicas) })
-	for _, phase := range phases {
+	for _, phase := range h.phases() {
 		row, err := phase(ctx)
 		if err != nil {
 			return table, err
@@ -158,18 +175,44 @@ func Run(ctx context.Context, o Options) (Table, error) {
 	return table, nil
 }
 
+// phases lists the faults of the run. One Caddy goes through reloads, a
+// killed replica, the /metrics and /health faults, then a graceful restart;
+// several go through an instance killed; with Redis, Redis is killed first.
+func (h *harness) phases() []func(context.Context) (Row, error) {
+	var phases []func(context.Context) (Row, error)
+	if h.o.PinStore == e2e.PinStoreRedis {
+		phases = append(phases, h.redisOutage)
+	}
+	if h.o.Instances > 1 {
+		return append(phases, h.instanceKill)
+	}
+	// Each replica fault takes the next replica, so that every replica holds
+	// conversations whose pins are at stake.
+	phases = append(phases, h.reloads, h.kill)
+	faults := h.o.metricsFaults()
+	for i, fault := range faults {
+		phases = append(phases, func(ctx context.Context) (Row, error) { return h.metricsFault(ctx, fault, i%h.o.Replicas) })
+	}
+	phases = append(phases, func(ctx context.Context) (Row, error) { return h.healthFault(ctx, len(faults)%h.o.Replicas) })
+	return append(phases, h.gracefulRestart)
+}
+
 // harness is a running fleet: simulators, Caddy and the load.
 type harness struct {
 	o        Options
 	interval time.Duration
 	workload agentload.Config
 	sims     []*e2e.Sim
-	caddy    *caddyproc.Process
-	config   caddyConfig
-	logs     *logWatch
-	admin    *adminWatch
-	load     *load
-	tmpDir   string // removed at close, when Run made it
+	// cluster is the Caddy side; caddy is its first instance, which the
+	// admin watch polls and the reload phase reloads, and config that
+	// instance's.
+	cluster *e2e.Cluster
+	caddy   *caddyproc.Process
+	config  caddyConfig
+	logs    *logWatch
+	admin   *adminWatch
+	load    *load
+	tmpDir  string // removed at close, when Run made it
 	// affinityOff are the spans during which affinity was off: requests
 	// then are placed by load and say nothing of their conversation's pin.
 	affinityOff []window
@@ -191,25 +234,38 @@ func start(ctx context.Context, o Options) (*harness, error) {
 		h.close()
 		return nil, err
 	}
-	admin, err := caddyproc.FreeAddr()
-	if err != nil {
-		h.close()
-		return nil, err
-	}
-	site, err := caddyproc.FreeAddr()
-	if err != nil {
-		h.close()
-		return nil, err
-	}
-	h.config = caddyConfig{admin: admin, site: site, scale: o.TimeScale}
+	h.config = caddyConfig{scale: o.TimeScale}
 	for _, s := range h.sims {
 		h.config.replicas = append(h.config.replicas, s.Addr)
 	}
 	h.logs = newLogWatch(o.Log)
-	if h.caddy, err = caddyproc.Start(h.o.CaddyBin, h.config.caddyfile("auto"), admin, h.logs); err != nil {
+	// Warden's health lines are read from one Caddy's log; several write
+	// their output straight to o.Log.
+	var caddyLog io.Writer = h.logs
+	if o.Instances > 1 {
+		caddyLog = o.Log
+	}
+	if err := h.tempDir(); err != nil {
 		h.close()
 		return nil, err
 	}
+	h.cluster, err = e2e.StartCluster(ctx, e2e.ClusterOptions{
+		Instances: o.Instances, PinStore: o.PinStore, Bin: h.o.CaddyBin, DataDir: h.tmpDir, Log: caddyLog,
+		Front: e2e.FrontSettings{
+			TryDuration:  o.scaled(retrySettings.tryDuration),
+			TryInterval:  o.scaled(retrySettings.tryInterval),
+			FailDuration: o.scaled(retrySettings.failDuration),
+		},
+	}, func(c *e2e.Cluster, inst *e2e.Instance) string {
+		return h.config.forInstance(c, inst).caddyfile("auto")
+	})
+	if err != nil {
+		h.close()
+		return nil, err
+	}
+	h.caddy = h.cluster.Instances[0].Proc
+	h.config = h.config.forInstance(h.cluster, h.cluster.Instances[0])
+	site := h.cluster.Site
 	h.admin = &adminWatch{caddy: h.caddy}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.Proxy = nil
@@ -227,6 +283,17 @@ func start(ctx context.Context, o Options) (*harness, error) {
 	return h, nil
 }
 
+// tempDir makes the run's temporary directory (Caddy's storage, the
+// binaries without a WorkDir), removed at close.
+func (h *harness) tempDir() error {
+	if h.tmpDir != "" {
+		return nil
+	}
+	dir, err := os.MkdirTemp(h.o.WorkDir, "warden-faults-")
+	h.tmpDir = dir
+	return err
+}
+
 // binaries builds whichever binary was not given.
 func (h *harness) binaries(ctx context.Context) error {
 	if h.o.CaddyBin != "" && h.o.SimBin != "" {
@@ -234,11 +301,10 @@ func (h *harness) binaries(ctx context.Context) error {
 	}
 	dir := h.o.WorkDir
 	if dir == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "warden-faults-"); err != nil {
+		if err := h.tempDir(); err != nil {
 			return err
 		}
-		h.tmpDir = dir
+		dir = h.tmpDir
 	}
 	caddyBin, simBin, err := e2e.BuildBinaries(ctx, dir)
 	if err != nil {
@@ -249,9 +315,7 @@ func (h *harness) binaries(ctx context.Context) error {
 }
 
 func (h *harness) close() {
-	if h.caddy != nil {
-		h.caddy.Stop()
-	}
+	h.cluster.Stop()
 	e2e.StopSims(h.sims)
 	if h.tmpDir != "" {
 		os.RemoveAll(h.tmpDir)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/e2e"
 )
 
 // recorder keeps every request's record, from all clients.
@@ -37,15 +38,16 @@ func (rec *recorder) snapshot() []request {
 // fromResult records an agentload request.
 func fromResult(res agentload.Result) request {
 	return request{
-		conv:   res.SessionID,
-		origin: fromAgent,
-		start:  res.Start,
-		end:    res.End,
-		engine: res.Engine,
-		status: res.Status,
-		ok:     res.OK(),
-		cut:    res.Cut,
-		err:    errText(res.Err),
+		conv:     res.SessionID,
+		origin:   fromAgent,
+		start:    res.Start,
+		end:      res.End,
+		engine:   res.Engine,
+		instance: res.Header.Get(e2e.InstanceHeader),
+		status:   res.Status,
+		ok:       res.OK(),
+		cut:      res.Cut,
+		err:      errText(res.Err),
 	}
 }
 
@@ -197,6 +199,7 @@ func (l *load) send(ctx context.Context, conv string, o origin, turn int) {
 	}
 	defer resp.Body.Close()
 	r.status, r.engine = resp.StatusCode, resp.Header.Get(agentload.EngineHeader)
+	r.instance = resp.Header.Get(e2e.InstanceHeader)
 	stream, err := io.ReadAll(resp.Body)
 	switch {
 	case err != nil:

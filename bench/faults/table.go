@@ -6,6 +6,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/e2e"
 )
 
 // Row is one fault's outcome.
@@ -67,6 +69,9 @@ func (t Table) Print(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d simulated replicas, time scale %g (metrics interval %v wall = 1 s simulated), %d agent sessions + %d probe conversations + 1 new conversation per interval, seed %d\n\n",
 		o.Replicas, o.TimeScale, t.MetricsInterval, o.Sessions, o.Probes, o.Seed)
+	if o.Instances > 1 || o.PinStore == e2e.PinStoreRedis {
+		fmt.Fprintf(&b, "%d Caddy instance(s) behind a front that picks one at random per request, pin store %s\n\n", o.Instances, o.PinStore)
+	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 1, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "| Fault\t Sent\t Failed\t of which cut mid-stream\t Client resends\t Pins lost\t Moved (expected)\t Recovery\t Result\t")
 	fmt.Fprintln(tw, "|---\t---\t---\t---\t---\t---\t---\t---\t---\t")

@@ -50,9 +50,16 @@ var tableMetrics = []metric{
 // series is one line of a plot and one label in the table: a mode and a policy.
 type series struct {
 	mode, policy string
+	// setup is the row's Setup: "" for one Caddy without a pin store.
+	setup string
 }
 
 func (s series) label(mixedModes bool) string {
+	if s.setup != "" {
+		plain := s
+		plain.setup = ""
+		return plain.label(mixedModes) + " " + s.setup
+	}
 	switch {
 	case s.mode == ModeSeed && s.policy == "warden":
 		return "seed on"
@@ -110,7 +117,7 @@ func aggregate(rows []Row) (points []point, order []series) {
 	rank := map[series]int{}
 	index := map[series]map[int]int{}
 	for _, r := range rows {
-		s := series{r.Mode, r.Policy}
+		s := series{r.Mode, r.Policy, r.Setup()}
 		if _, ok := rank[s]; !ok {
 			rank[s] = len(order)
 			order = append(order, s)

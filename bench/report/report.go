@@ -69,6 +69,32 @@ type Row struct {
 	Replicas int `json:"replicas,omitempty"`
 	// Topology is how the end-to-end run laid out replicas: servers or ranks.
 	Topology string `json:"topology,omitempty"`
+
+	// Instances is how many Caddy instances routed (behind a front that
+	// picks one at random per request); 0 or 1 is one, without a front.
+	// PinStore is what they shared: "none" or "redis" ("" is none).
+	Instances int    `json:"instances,omitempty"`
+	PinStore  string `json:"pin_store,omitempty"`
+	// TurnsOnReplicaPercent is the turn-weighted share of a conversation's
+	// later turns served by the replica of its first turn (end-to-end runs).
+	TurnsOnReplicaPercent float64 `json:"turns_on_replica_percent,omitempty"`
+	// NewConversations counts the conversations that started in the
+	// window; NewSpread is max − min of them over the replicas.
+	NewConversations int `json:"new_conversations,omitempty"`
+	NewSpread        int `json:"new_spread,omitempty"`
+}
+
+// Setup names the row's routing layout in tables: "" for one instance
+// without a pin store, else "×N store".
+func (r Row) Setup() string {
+	store := r.PinStore
+	if store == "" {
+		store = "none"
+	}
+	if r.Instances <= 1 && store == "none" {
+		return ""
+	}
+	return fmt.Sprintf("×%d %s", max(r.Instances, 1), store)
 }
 
 // File is the JSON document written by --json.

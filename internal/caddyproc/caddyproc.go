@@ -179,6 +179,13 @@ func (p *Process) Stop() error {
 	return nil
 }
 
+// Kill ends Caddy with SIGKILL, as a crash would: no shutdown work (no
+// final pin snapshot). It waits for the exit.
+func (p *Process) Kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
 // Do sends a request to the admin API and decodes a JSON answer into out
 // (when not nil). A status other than 200 is an error with the body.
 func (p *Process) Do(method, path string, body any, out any, header ...string) error {

@@ -91,3 +91,20 @@ func TestProfileNameIsFoundBeforeParsing(t *testing.T) {
 		t.Error("accepted an empty policy list")
 	}
 }
+
+func TestRunSetups(t *testing.T) {
+	for _, c := range []struct {
+		opts runOptions
+		want []setup
+	}{
+		{runOptions{}, []setup{{1, "none"}}},
+		{runOptions{Instances: 3, PinStore: "redis", Compare: true}, []setup{{1, "none"}, {3, "none"}, {3, "redis"}}},
+		{runOptions{Instances: 3, PinStore: "none", Compare: true}, []setup{{1, "none"}, {3, "none"}}},
+		{runOptions{Instances: 3, PinStore: "redis"}, []setup{{3, "redis"}}},
+		{runOptions{Instances: 1, PinStore: "redis", Compare: true}, []setup{{1, "redis"}}},
+	} {
+		if got := c.opts.setups(); !slices.Equal(got, c.want) {
+			t.Errorf("%+v: %v, want %v", c.opts, got, c.want)
+		}
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/schollz/progressbar/v3"
+
 	"github.com/lmwarden/caddy-warden/bench/e2e"
 	"github.com/lmwarden/caddy-warden/bench/report"
 )
@@ -24,6 +26,34 @@ type runOptions struct {
 	TimeScale float64
 	// OutDir receives the binaries and the admin API's JSON after each level.
 	OutDir string
+	// Instances and PinStore lay out the Caddy side (see e2e.Options);
+	// with Compare and more than one instance, one instance and (with a
+	// store) the same instances without it are measured first.
+	Instances int
+	PinStore  string
+	Compare   bool
+}
+
+// setup is one layout of the Caddy side.
+type setup struct {
+	instances int
+	pinStore  string
+}
+
+// setups lists the layouts to measure, the asked one last.
+func (o runOptions) setups() []setup {
+	asked := setup{max(o.Instances, 1), o.PinStore}
+	if asked.pinStore == "" {
+		asked.pinStore = e2e.PinStoreNone
+	}
+	if !o.Compare || asked.instances == 1 {
+		return []setup{asked}
+	}
+	out := []setup{{1, e2e.PinStoreNone}}
+	if asked.pinStore != e2e.PinStoreNone {
+		out = append(out, setup{asked.instances, e2e.PinStoreNone})
+	}
+	return append(out, asked)
 }
 
 // runEndToEnd is `wardenbench run`.
@@ -40,6 +70,9 @@ func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.BoolVar(&opts.Fresh, "fresh", false, "restart the replicas between series instead of keeping them warm")
 	fs.Float64Var(&opts.TimeScale, "time-scale", 10, "run simulated time this many times faster than the wall clock")
 	fs.StringVar(&opts.OutDir, "out", "wardenbench-run", "directory for the binaries and the admin API's JSON")
+	fs.IntVar(&opts.Instances, "instances", 1, "identically configured Caddy instances; with more than one, a front Caddy sends each request to one at random")
+	fs.StringVar(&opts.PinStore, "pin-store", e2e.PinStoreNone, "what the instances share: none, or redis (a private redis-server the run starts)")
+	fs.BoolVar(&opts.Compare, "compare", true, "with --instances > 1, measure one instance and (with a pin store) the instances without it first, and compare")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,38 +90,55 @@ func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // endToEndAndPresent runs the end-to-end benchmark for every seed with a
 // progress bar, and shows its rows.
 func endToEndAndPresent(ctx context.Context, opts runOptions, stdout, stderr io.Writer) error {
-	bar := newProgress(stderr, len(opts.policies)*len(opts.levels)*len(opts.seedList()), "run")
+	setups := opts.setups()
+	bar := newProgress(stderr, len(setups)*len(opts.policies)*len(opts.levels)*len(opts.seedList()), "run")
 	var rows []report.Row
 	for _, seed := range opts.seedList() {
-		workload := opts.workload
-		workload.Seed = seed
-		seedRows, err := e2e.Run(ctx, e2e.Options{
-			Topology:   opts.Topology,
-			Replicas:   opts.replicas,
-			MaxNumSeqs: opts.profile.MaxNumSeqs,
-			Sessions:   opts.levels,
-			Warmup:     opts.warmup,
-			Duration:   opts.duration,
-			BlockSize:  opts.profile.BlockSize,
-			TimeScale:  opts.TimeScale,
-			Policies:   opts.policies,
-			Seed:       uint64(seed),
-			Workload:   workload,
-			Fresh:      opts.Fresh,
-			SimArgs:    opts.profile.Args(),
-			WorkDir:    opts.OutDir,
-			Progress: func(_ string, _ int, done bool) {
-				if done {
-					bar.Add(1)
-				}
-			},
-		})
-		rows = append(rows, seedRows...)
-		if err != nil {
-			bar.Finish()
-			return err
+		for _, setup := range setups {
+			seedRows, err := endToEnd(ctx, opts, seed, setup, bar)
+			rows = append(rows, seedRows...)
+			if err != nil {
+				bar.Finish()
+				return err
+			}
 		}
 	}
 	bar.Finish()
-	return present(opts.common, rows, stdout)
+	if err := present(opts.common, rows, stdout); err != nil {
+		return err
+	}
+	if report.HasSetups(rows) {
+		fmt.Fprintln(stdout, "\nCaddy instances behind a random front, with and without a shared pin store:")
+		return report.PrintSetups(stdout, rows)
+	}
+	return nil
+}
+
+// endToEnd is one seed's end-to-end run with one layout of the Caddy side.
+func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar *progressbar.ProgressBar) ([]report.Row, error) {
+	workload := opts.workload
+	workload.Seed = seed
+	return e2e.Run(ctx, e2e.Options{
+		Topology:   opts.Topology,
+		Replicas:   opts.replicas,
+		MaxNumSeqs: opts.profile.MaxNumSeqs,
+		Sessions:   opts.levels,
+		Warmup:     opts.warmup,
+		Duration:   opts.duration,
+		BlockSize:  opts.profile.BlockSize,
+		TimeScale:  opts.TimeScale,
+		Policies:   opts.policies,
+		Seed:       uint64(seed),
+		Workload:   workload,
+		Fresh:      opts.Fresh,
+		Instances:  setup.instances,
+		PinStore:   setup.pinStore,
+		SimArgs:    opts.profile.Args(),
+		WorkDir:    opts.OutDir,
+		Progress: func(_ string, _ int, done bool) {
+			if done {
+				bar.Add(1)
+			}
+		},
+	})
 }

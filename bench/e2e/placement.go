@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+)
+
+// Placement is where conversations went over a window: how well turns
+// followed their conversation, and how evenly new conversations spread.
+type Placement struct {
+	// TurnsOnReplica is the share, in percent, of the served turns (with
+	// an engine, ending in the window, after a conversation's first turn)
+	// that went to the engine that served their conversation's first turn
+	// (turn 0, wherever in the run it ended). Turn-weighted: a long
+	// conversation counts for its turns, unlike agentload's StayedPercent,
+	// which averages per conversation. Turns counts them.
+	TurnsOnReplica float64
+	Turns          int
+	// NewConversations counts the conversations whose first turn started
+	// in the window and was served; PerReplica how many each replica got
+	// (every replica listed, zeros included); Spread is max − min of it.
+	NewConversations int
+	PerReplica       map[string]int
+	Spread           int
+}
+
+// Place computes the Placement of the results over [from, to]; replicas
+// are the engine names ("r0/0") a request may be served by.
+func Place(results []agentload.Result, from, to time.Time, replicas []string) Placement {
+	home := map[string]string{} // conversation → engine of its first turn
+	for _, r := range results {
+		if r.Turn == 0 && r.Engine != "" && r.OK() {
+			home[r.SessionID] = r.Engine
+		}
+	}
+	p := Placement{PerReplica: map[string]int{}}
+	for _, e := range replicas {
+		p.PerReplica[e] = 0
+	}
+	on := 0
+	for _, r := range results {
+		if r.Engine == "" {
+			continue
+		}
+		if r.Turn == 0 {
+			if r.OK() && !r.Start.Before(from) && !r.Start.After(to) {
+				p.NewConversations++
+				p.PerReplica[r.Engine]++
+			}
+			continue
+		}
+		h, ok := home[r.SessionID]
+		if !ok || r.End.Before(from) || r.End.After(to) {
+			continue
+		}
+		p.Turns++
+		if r.Engine == h {
+			on++
+		}
+	}
+	if p.Turns > 0 {
+		p.TurnsOnReplica = 100 * float64(on) / float64(p.Turns)
+	}
+	if len(p.PerReplica) > 0 {
+		counts := make([]int, 0, len(p.PerReplica))
+		for _, n := range p.PerReplica {
+			counts = append(counts, n)
+		}
+		p.Spread = slices.Max(counts) - slices.Min(counts)
+	}
+	return p
+}
+
+// engines names the engines of the run's replicas as the simulator's
+// engine header does: "r<i>/0" for one server per replica, "r0/<rank>"
+// for one server with ranks.
+func (o Options) engines() []string {
+	var out []string
+	for i := range o.Replicas {
+		if o.Topology == TopologyRanks {
+			out = append(out, "r0/"+strconv.Itoa(i))
+		} else {
+			out = append(out, "r"+strconv.Itoa(i)+"/0")
+		}
+	}
+	return out
+}
