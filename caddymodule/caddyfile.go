@@ -48,6 +48,10 @@ func init() {
 //			affinity on|off
 //			session_headers <header>...
 //			session_from_body [on|off]
+//			fingerprint on|off
+//			subagents on|off
+//			compaction on|off
+//			compaction_interval <duration>
 //			body_scan_bytes <n>
 //			client_pinning on|off
 //			session_ttl <duration>
@@ -159,7 +163,15 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 				return nil, d.Err("session_headers needs at least one header name")
 			}
 		case "session_from_body":
-			m.SessionFromBody, err = optionalOnOff(d)
+			m.SessionFromBody, err = optionalOnOffPtr(d)
+		case "fingerprint":
+			m.Fingerprint, err = onOffPtr(d)
+		case "subagents":
+			m.Subagents, err = onOffPtr(d)
+		case "compaction":
+			m.Compaction, err = onOffPtr(d)
+		case "compaction_interval":
+			m.CompactionInterval, err = duration(d)
 		case "body_scan_bytes":
 			m.BodyScanBytes, err = positiveInt(d)
 		case "client_pinning":
@@ -315,6 +327,16 @@ func optionalOnOff(d *caddyfile.Dispenser) (bool, error) {
 		return true, nil
 	}
 	return onOff(d)
+}
+
+func onOffPtr(d *caddyfile.Dispenser) (*bool, error) {
+	on, err := onOff(d)
+	return &on, err
+}
+
+func optionalOnOffPtr(d *caddyfile.Dispenser) (*bool, error) {
+	on, err := optionalOnOff(d)
+	return &on, err
 }
 
 func duration(d *caddyfile.Dispenser) (caddy.Duration, error) {

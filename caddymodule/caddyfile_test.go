@@ -70,6 +70,9 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions 10"), 4, `max_sessions must be at least 64`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_headers"), 4, "session_headers needs at least one header name"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_from_body maybe"), 4, `session_from_body: expected on or off, got "maybe"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tfingerprint"), 4, "fingerprint: expected on or off"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsubagents yes"), 4, `subagents: expected on or off, got "yes"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tcompaction on off"), 4, `compaction: unexpected argument "off"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs 8 16"), 4, `max_num_seqs: unexpected argument "16"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning on off"), 4, `client_pinning: unexpected argument "off"`},
 		{wardenOption("replica {\n\t\t\tprocess\n\t\t}"), 4, "process: expected a command, e.g. process vllm serve MODEL --port 8001"},
@@ -157,14 +160,18 @@ func TestParseModelValues(t *testing.T) {
 		return app.Models["m"]
 	}
 	m := parse(t, "replicas 127.0.0.1:1")
-	if m.Affinity == nil || !*m.Affinity || m.SpillThreshold != 0 || m.SessionFromBody || m.ClientPinning {
+	if m.Affinity == nil || !*m.Affinity || m.SpillThreshold != 0 || m.SessionFromBody != nil || m.Fingerprint != nil || m.ClientPinning {
 		t.Errorf("defaults: %+v", m)
 	}
-	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body"); !m.SessionFromBody {
+	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body"); m.SessionFromBody == nil || !*m.SessionFromBody {
 		t.Error("session_from_body alone is not on")
 	}
-	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body off"); m.SessionFromBody {
+	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body off"); m.SessionFromBody == nil || *m.SessionFromBody {
 		t.Error("session_from_body off is on")
+	}
+	m = parse(t, "replicas 127.0.0.1:1\n\t\tfingerprint off\n\t\tsubagents off\n\t\tcompaction on")
+	if m.Fingerprint == nil || *m.Fingerprint || m.Subagents == nil || *m.Subagents || m.Compaction == nil || !*m.Compaction {
+		t.Errorf("fingerprint off, subagents off, compaction on: %v %v %v", m.Fingerprint, m.Subagents, m.Compaction)
 	}
 	if m := parse(t, "replicas 127.0.0.1:1\n\t\tspill_threshold 5\n\t\tspill_threshold auto"); m.SpillThreshold != 0 {
 		t.Errorf("spill_threshold auto after 5: %d", m.SpillThreshold)

@@ -10,11 +10,8 @@ import (
 
 	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
-
-// defaultSessionHeaders are read in order; the first present names the
-// session. Claude Code sends the first on every request.
-var defaultSessionHeaders = []string{"X-Claude-Code-Session-Id", "X-Session-Id", "X-Session-Affinity", "Session-Id"}
 
 // ModelConfig is one model served by a fleet of vLLM replicas: either one
 // server per replica (Replicas), or one server with internal data
@@ -35,12 +32,27 @@ type ModelConfig struct {
 	// runtime with `PATCH /config/apps/warden/models/<m>/affinity`.
 	Affinity *bool `json:"affinity,omitempty"`
 
-	// SessionHeaders name the conversation, first present wins.
+	// SessionHeaders name the conversation, first present wins (default
+	// sessionkey.DefaultHeaders: Claude Code, OpenCode, Crush, Codex, Goose).
 	SessionHeaders []string `json:"session_headers,omitempty"`
-	// SessionFromBody also reads the session from the request body when no
-	// header names it: Anthropic metadata.user_id's session_id, or OpenAI's user.
-	SessionFromBody bool `json:"session_from_body,omitempty"`
-	// BodyScanBytes bounds how much of the body is read for it (default 64 KiB).
+	// SessionFromBody reads the conversation from the request body when no
+	// header names it (default on): metadata.user_id (Claude Code),
+	// session_id, prompt_cache_key, client_metadata.session_id, user.
+	SessionFromBody *bool `json:"session_from_body,omitempty"`
+	// Fingerprint keys a conversation that sends no ID by its head: the
+	// system prompt and first messages, which agents resend unchanged on
+	// every turn (default on).
+	Fingerprint *bool `json:"fingerprint,omitempty"`
+	// Subagents splits a session into one conversation per sub-agent, each
+	// placed first beside its parent (default on).
+	Subagents *bool `json:"subagents,omitempty"`
+	// Compaction places a conversation anew after the agent says it
+	// compacted it (default on).
+	Compaction *bool `json:"compaction,omitempty"`
+	// CompactionInterval is the least time between two placements of a
+	// conversation for compaction (default 1m): hints sooner are ignored.
+	CompactionInterval caddy.Duration `json:"compaction_interval,omitempty"`
+	// BodyScanBytes bounds how much of the body is read (default 256 KiB).
 	BodyScanBytes int `json:"body_scan_bytes,omitempty"`
 	// ClientPinning honours a client's X-data-parallel-rank (ranks) or
 	// X-Warden-Replica (replica ID) header; off, they are removed.
@@ -67,6 +79,8 @@ type ModelConfig struct {
 	// PinStore overrides the app's pin_store for this model; an empty one
 	// keeps the model's pins local.
 	PinStore *PinStoreConfig `json:"pin_store,omitempty"`
+
+	rules *sessionkey.Rules // made by provision
 }
 
 // ReplicaConfig is one vLLM server serving one replica.
@@ -105,7 +119,11 @@ type ProcessConfig struct {
 	StopGrace caddy.Duration `json:"stop_grace,omitempty"`
 }
 
-const defaultBodyScanBytes = 64 << 10
+// defaultBodyScanBytes covers the head of the agents with the longest
+// prompts (Cline's system prompt alone is about 50 KB) with room for the
+// first message. Only requests no header names are read, and a scan stops
+// at the end of the head: see README, "How a conversation is keyed".
+const defaultBodyScanBytes = 256 << 10
 
 // provision fills what process command lines say: the address from
 // --port, ranks from --data-parallel-size, max_num_seqs from --max-num-seqs.
@@ -113,6 +131,7 @@ func (c *ModelConfig) provision(name string) error {
 	if err := c.fromProcesses(); err != nil {
 		return fmt.Errorf("model %q: %v", name, err)
 	}
+	c.rules = c.newRules()
 	return nil
 }
 
@@ -188,13 +207,14 @@ func (c *ModelConfig) replicas() []selection.Replica {
 func (c *ModelConfig) fleetSpec(shared selection.SharedPins) fleet.Spec {
 	return fleet.Spec{
 		Routing: selection.Config{
-			MaxNumSeqs:     c.MaxNumSeqs,
-			SpillThreshold: c.SpillThreshold,
-			Affinity:       c.Affinity == nil || *c.Affinity,
-			SessionTTL:     time.Duration(c.SessionTTL),
-			ActiveWindow:   time.Duration(c.ActiveWindow),
-			MaxSessions:    c.MaxSessions,
-			Shared:         shared,
+			MaxNumSeqs:         c.MaxNumSeqs,
+			SpillThreshold:     c.SpillThreshold,
+			Affinity:           c.Affinity == nil || *c.Affinity,
+			SessionTTL:         time.Duration(c.SessionTTL),
+			ActiveWindow:       time.Duration(c.ActiveWindow),
+			MaxSessions:        c.MaxSessions,
+			Shared:             shared,
+			CompactionInterval: time.Duration(c.CompactionInterval),
 		},
 		Replicas:        c.replicas(),
 		MetricsInterval: c.metricsInterval(),
@@ -221,12 +241,23 @@ func (c *ModelConfig) pinSnapshotInterval() time.Duration {
 	return time.Duration(*c.PinSnapshotInterval)
 }
 
-func (c *ModelConfig) sessionHeaders() []string {
-	if len(c.SessionHeaders) > 0 {
-		return c.SessionHeaders
-	}
-	return defaultSessionHeaders
+func (c *ModelConfig) newRules() *sessionkey.Rules {
+	return sessionkey.NewRules(c.SessionHeaders, isOn(c.Subagents), isOn(c.Compaction))
 }
+
+// keyRules are the model's session header rules.
+func (c *ModelConfig) keyRules() *sessionkey.Rules {
+	if c.rules == nil { // a config not provisioned (tests)
+		return c.newRules()
+	}
+	return c.rules
+}
+
+// isOn reads an on|off option whose default is on.
+func isOn(b *bool) bool { return b == nil || *b }
+
+func (c *ModelConfig) sessionFromBody() bool { return isOn(c.SessionFromBody) }
+func (c *ModelConfig) fingerprint() bool     { return isOn(c.Fingerprint) }
 
 func (c *ModelConfig) bodyScanBytes() int {
 	if c.BodyScanBytes > 0 {

@@ -50,6 +50,10 @@ type seenRequest struct {
 // holdHeader asks the fake to keep the stream open that long.
 const holdHeader = "X-Test-Hold"
 
+// conversationHeader names the conversation for sessionsSeen, for clients
+// that send no X-Claude-Code-Session-Id; warden does not read it.
+const conversationHeader = "X-Test-Conversation"
+
 func startFakeVLLM(t *testing.T, name string, engines int) *fakeVLLM {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -60,6 +64,8 @@ func startFakeVLLM(t *testing.T, name string, engines int) *fakeVLLM {
 		tokens: make([]engineTokens, engines), lastPrompt: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", f.messages)
+	mux.HandleFunc("POST /v1/chat/completions", f.messages)
+	mux.HandleFunc("POST /v1/responses", f.messages)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
 	mux.HandleFunc("GET /metrics", f.metrics)
 	f.srv = &http.Server{Handler: mux}
@@ -80,6 +86,9 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	session := r.Header.Get("X-Claude-Code-Session-Id")
+	if conv := r.Header.Get(conversationHeader); conv != "" {
+		session = conv // the test's own name for a conversation whatever the client sends
+	}
 	f.mu.Lock()
 	f.seen = append(f.seen, seenRequest{session: session, rank: rankHeader})
 	held := fmt.Sprintf("%d/%s", engine, session)

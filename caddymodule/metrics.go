@@ -91,6 +91,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
 		ch <- d
 	}
+	describeAgents(ch)
 	pinStoreSeconds.Describe(ch)
 }
 
@@ -112,6 +113,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descNoReplica, st.NoReplica, name)
 		counter(descEvicted, st.SessionsEvicted, name)
 		counter(descExpired, st.SessionsExpired, name)
+		collectAgentModel(ch, name, st)
 		for _, r := range st.Replicas {
 			gauge(descInFlight, float64(r.InFlight), name, r.ID)
 			counter(descRequests, r.Sticky, name, r.ID, "sticky")
@@ -121,6 +123,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descPlaced, r.Placed, name, r.ID)
 			counter(descReplaced, r.Replaced, name, r.ID)
 			counter(descAdopted, r.Adopted, name, r.ID)
+			collectAgentReplica(ch, name, r)
 			gauge(descSessions, float64(r.Sessions), name, r.ID)
 			gauge(descActive, float64(r.ActiveSessions), name, r.ID)
 			gauge(descHealthy, boolValue(r.Healthy), name, r.ID)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 func init() {
@@ -27,6 +28,9 @@ const (
 	RankHeader = "X-data-parallel-rank"
 	// ReplicaHeader lets a client choose a replica by ID (client_pinning on).
 	ReplicaHeader = "X-Warden-Replica"
+	// rankKey is RankHeader as net/http stores it: reading or deleting it by
+	// this spelling costs no allocation (the same header on the wire).
+	rankKey = "X-Data-Parallel-Rank"
 )
 
 // Request variables the policy sets, for `header_up` and logs, e.g.
@@ -36,6 +40,9 @@ const (
 	varReplica  = "warden.replica"
 	varOutcome  = "warden.outcome"
 	varInFlight = "warden.in_flight" // *inFlight, internal; renders as ""
+	// varKeySource says how the conversation was keyed: header, body,
+	// fingerprint, or none.
+	varKeySource = "warden.key_source"
 )
 
 // Policy is the `warden` load-balancing policy of reverse_proxy: it keeps
@@ -94,14 +101,22 @@ func modelOfConfig(ctx caddy.Context, name, user string) (*modelLoad, error) {
 	return l, nil
 }
 
+// keySources are the values of warden.key_source, made once so that setting
+// one does not allocate.
+var keySources = [...]any{
+	sessionkey.None: sessionkey.None.String(), sessionkey.Header: sessionkey.Header.String(),
+	sessionkey.Body: sessionkey.Body.String(), sessionkey.Fingerprint: sessionkey.Fingerprint.String(),
+}
+
 // inFlight holds a request's current decision, so that a retry gives back
 // the failed try's in-flight count and the request's end gives back the
-// last. It also keeps the session key, read once per request; String hides
-// it from placeholders such as {http.vars.warden.in_flight}.
+// last. It also keeps the conversation's identity (hashed keys), read once
+// per request; String hides it from placeholders such as
+// {http.vars.warden.in_flight}.
 type inFlight struct {
-	key string
-	mu  sync.Mutex
-	d   selection.Decision
+	id sessionkey.Identity
+	mu sync.Mutex
+	d  selection.Decision
 }
 
 func (*inFlight) String() string { return "" }
@@ -124,28 +139,27 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 	ctx := r.Context()
 	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inFlight)
 	if !retry {
-		held = &inFlight{key: sessionKey(r, cfg)}
+		held = &inFlight{id: sessionKey(r, cfg)}
 		caddyhttp.SetVar(ctx, varInFlight, held)
+		caddyhttp.SetVar(ctx, varKeySource, keySources[held.id.Source])
 		context.AfterFunc(ctx, held.release)
 	}
-	req := selection.Request{
-		Key:           held.key,
-		ClientReplica: clientReplica(r, cfg),
-		Usable: func(addr string) bool {
-			u := upstreamFor(pool, addr)
-			if u == nil {
-				p.warnMissing(addr)
-				return false
-			}
-			return u.Available()
-		},
-		Now: time.Now(),
+	req := routeRequest(held.id)
+	req.ClientReplica = clientReplica(r, cfg)
+	req.Usable = func(addr string) bool {
+		u := upstreamFor(pool, addr)
+		if u == nil {
+			p.warnMissing(addr)
+			return false
+		}
+		return u.Available()
 	}
+	req.Now = time.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,
 		// unless an allowed client chose its rank.
 		held.set(selection.Decision{})
-		r.Header.Del(RankHeader)
+		r.Header.Del(rankKey)
 		caddyhttp.SetVar(ctx, varOutcome, "delegated")
 		u := upstreamFor(pool, cfg.Server.Address)
 		if u == nil {
@@ -168,7 +182,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 	caddyhttp.SetVar(ctx, varOutcome, d.Outcome.String())
 	if rep.SetsRank {
 		rank := strconv.Itoa(rep.Rank)
-		r.Header.Set(RankHeader, rank)
+		r.Header.Set(rankKey, rank)
 		caddyhttp.SetVar(ctx, varRank, rank)
 	}
 	return u
@@ -177,17 +191,17 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 // clientReplica is the replica a client asked for, when allowed; otherwise
 // the client's choice is removed from the request.
 func clientReplica(r *http.Request, cfg *ModelConfig) string {
-	rank, byID := r.Header.Get(RankHeader), r.Header.Get(ReplicaHeader)
+	rank, byID := r.Header.Get(rankKey), r.Header.Get(ReplicaHeader)
 	r.Header.Del(ReplicaHeader)
 	if !cfg.ClientPinning {
-		r.Header.Del(RankHeader)
+		r.Header.Del(rankKey)
 		return ""
 	}
 	if cfg.Server != nil && rank != "" {
 		if n, err := strconv.Atoi(rank); err == nil && n >= 0 && n < cfg.Server.Ranks {
 			return cfg.Server.Address + "#" + strconv.Itoa(n)
 		}
-		r.Header.Del(RankHeader) // out of range: vLLM would refuse the request
+		r.Header.Del(rankKey) // out of range: vLLM would refuse the request
 		return ""
 	}
 	return byID

@@ -19,6 +19,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 // In-process tests of Policy.Select: the policy routes with a real fleet
@@ -41,11 +42,12 @@ type selectFixture struct {
 
 // newSelectFixture prepares and applies cfg and makes every server healthy
 // with running requests per engine as given (idle when absent).
-func newSelectFixture(t *testing.T, cfg *ModelConfig, running map[string][]int) *selectFixture {
+func newSelectFixture(t testing.TB, cfg *ModelConfig, running map[string][]int) *selectFixture {
 	t.Helper()
 	if err := cfg.validate("m"); err != nil {
 		t.Fatal(err)
 	}
+	cfg.rules = cfg.newRules() // as provision makes them
 	now := time.Now()
 	f := fleet.New("m", time.Second, now, nil)
 	plan := f.Prepare(cfg.fleetSpec(nil))
@@ -180,7 +182,7 @@ func TestSelectDefaultHeaderOrder(t *testing.T) {
 		r, _ := newProxyRequest(t, all[i:]...)
 		fx.p.Select(pl, r, nil)
 		held, ok := caddyhttp.GetVar(r.Context(), varInFlight).(*inFlight)
-		if !ok || held.key != all[i+1] {
+		if !ok || held.id.Key != sessionkey.Hash(all[i+1]) {
 			t.Errorf("with %v: key %+v, want %q", all[i:], held, all[i+1])
 		}
 	}

@@ -4,25 +4,49 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 
+	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 // sessionKey names the request's conversation from the model's session
-// headers or, with session_from_body, from the first bytes of its body,
-// which is handed on intact.
-func sessionKey(r *http.Request, cfg *ModelConfig) string {
-	if key := sessionkey.FromHeaders(r.Header, cfg.sessionHeaders()); key != "" || !cfg.SessionFromBody {
-		return key
+// headers (with the agents' sub-agent and compaction headers) or, when none
+// names it, from the first bytes of its JSON body, which is handed on
+// intact: an ID field (session_from_body), else the conversation's
+// fingerprint (fingerprint). A request a header names costs no allocation.
+func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
+	if id := cfg.keyRules().FromHeaders(r.Header); id.Key != 0 {
+		return id
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return ""
+	ids, fingerprint := cfg.sessionFromBody(), cfg.fingerprint()
+	if !ids && !fingerprint || r.Body == nil || r.Body == http.NoBody {
+		return sessionkey.Identity{}
 	}
-	prefix := make([]byte, cfg.bodyScanBytes())
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.Contains(strings.ToLower(ct), "json") {
+		return sessionkey.Identity{} // an upload, a form: no conversation to read
+	}
+	size := cfg.bodyScanBytes()
+	if r.ContentLength > 0 && r.ContentLength < int64(size) {
+		size = int(r.ContentLength) + 1 // +1: a body longer than announced is still read whole
+	}
+	prefix := make([]byte, size)
 	n, err := io.ReadFull(r.Body, prefix)
 	prefix = prefix[:n]
 	r.Body = replayedBody{Reader: io.MultiReader(bytes.NewReader(prefix), errorReader{err}, r.Body), Closer: r.Body}
-	return sessionkey.FromBody(prefix)
+	return sessionkey.ReadBody(prefix, ids, fingerprint)
+}
+
+// routeRequest is what selection needs from a request's identity.
+func routeRequest(id sessionkey.Identity) selection.Request {
+	req := selection.Request{Hash: id.Key, Parent: id.Parent, Continues: id.Continues, Renamed: id.Renamed}
+	switch id.Hint {
+	case sessionkey.Compacting:
+		req.Compaction = selection.Compacting
+	case sessionkey.Compacted:
+		req.Compaction = selection.CompactedPrefix
+	}
+	return req
 }
 
 // replayedBody serves the scanned prefix again, then the rest of the body.

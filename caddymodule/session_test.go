@@ -8,7 +8,21 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
+
+var on, off = ptr(true), ptr(false)
+
+func ptr[T any](v T) *T { return &v }
+
+// hashOf is the key of a raw ID, 0 for none.
+func hashOf(id string) uint64 {
+	if id == "" {
+		return 0
+	}
+	return sessionkey.Hash(id)
+}
 
 // sessionRequest is a POST with the body and headers given.
 func sessionRequest(body io.Reader, header ...string) *http.Request {
@@ -31,12 +45,12 @@ func (b *trackedBody) Close() error               { b.closed = true; return nil 
 const anthropicBody = `{"model":"m","metadata":{"user_id":"{\"device_id\":\"d\",\"account_uuid\":\"a\",\"session_id\":\"s-anthropic\"}"},"messages":[]}`
 
 func TestSessionKeyHeadersFirst(t *testing.T) {
-	fromBody := &ModelConfig{SessionFromBody: true}
+	fromBody := &ModelConfig{SessionFromBody: on}
 	body := &trackedBody{Reader: strings.NewReader(anthropicBody)}
 	r := sessionRequest(nil, "X-Session-Id", "from-header")
 	r.Body = body
-	if got := sessionKey(r, fromBody); got != "from-header" {
-		t.Errorf("key %q, want the header's", got)
+	if got := sessionKey(r, fromBody).Key; got != hashOf("from-header") {
+		t.Errorf("key %x, want the header's", got)
 	}
 	if body.read || r.Body != io.ReadCloser(body) {
 		t.Error("the body was read although a header named the session")
@@ -45,21 +59,21 @@ func TestSessionKeyHeadersFirst(t *testing.T) {
 	// Custom session_headers replace the defaults, in their order.
 	custom := &ModelConfig{SessionHeaders: []string{"X-Conversation", "X-Tenant-Session"}}
 	r = sessionRequest(nil, "X-Claude-Code-Session-Id", "default", "X-Tenant-Session", "tenant", "X-Conversation", "conv")
-	if got := sessionKey(r, custom); got != "conv" {
-		t.Errorf("custom headers: key %q, want conv", got)
+	if got := sessionKey(r, custom).Key; got != hashOf("conv") {
+		t.Errorf("custom headers: key %x, want conv", got)
 	}
 	r = sessionRequest(nil, "X-Claude-Code-Session-Id", "default", "X-Tenant-Session", "tenant")
-	if got := sessionKey(r, custom); got != "tenant" {
-		t.Errorf("custom headers: key %q, want tenant", got)
+	if got := sessionKey(r, custom).Key; got != hashOf("tenant") {
+		t.Errorf("custom headers: key %x, want tenant", got)
 	}
 	r = sessionRequest(nil, "X-Claude-Code-Session-Id", "default")
-	if got := sessionKey(r, custom); got != "" {
-		t.Errorf("custom headers: key %q from a default header", got)
+	if got := sessionKey(r, custom).Key; got != hashOf("") {
+		t.Errorf("custom headers: key %x from a default header", got)
 	}
 	// An empty header is absent.
 	r = sessionRequest(nil, "X-Claude-Code-Session-Id", "", "Session-Id", "last")
-	if got := sessionKey(r, &ModelConfig{}); got != "last" {
-		t.Errorf("key %q, want last", got)
+	if got := sessionKey(r, &ModelConfig{}).Key; got != hashOf("last") {
+		t.Errorf("key %x, want last", got)
 	}
 }
 
@@ -67,23 +81,23 @@ func TestSessionKeyBodyOnlyWhenAsked(t *testing.T) {
 	body := &trackedBody{Reader: strings.NewReader(anthropicBody)}
 	r := sessionRequest(nil)
 	r.Body = body
-	if got := sessionKey(r, &ModelConfig{}); got != "" {
-		t.Errorf("session_from_body off: key %q", got)
+	if got := sessionKey(r, &ModelConfig{SessionFromBody: off, Fingerprint: off}).Key; got != hashOf("") {
+		t.Errorf("session_from_body and fingerprint off: key %x", got)
 	}
 	if body.read || r.Body != io.ReadCloser(body) {
-		t.Error("session_from_body off: the body was read or replaced")
+		t.Error("session_from_body and fingerprint off: the body was read or replaced")
 	}
 	for _, b := range []io.ReadCloser{nil, http.NoBody} {
 		r := sessionRequest(nil)
 		r.Body = b
-		if got := sessionKey(r, &ModelConfig{SessionFromBody: true}); got != "" || r.Body != b {
-			t.Errorf("body %v: key %q, body now %v", b, got, r.Body)
+		if got := sessionKey(r, &ModelConfig{SessionFromBody: on}).Key; got != hashOf("") || r.Body != b {
+			t.Errorf("body %v: key %x, body now %v", b, got, r.Body)
 		}
 	}
 }
 
 func TestSessionKeyFromBody(t *testing.T) {
-	cfg := &ModelConfig{SessionFromBody: true}
+	cfg := &ModelConfig{SessionFromBody: on}
 	for _, c := range []struct{ name, body, want string }{
 		{"Anthropic metadata.user_id holding JSON", anthropicBody, "s-anthropic"},
 		{"Anthropic metadata.user_id, older form", `{"metadata":{"user_id":"user_abc_account_def_session_s-legacy"},"messages":[]}`, "s-legacy"},
@@ -94,8 +108,8 @@ func TestSessionKeyFromBody(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := sessionRequest(strings.NewReader(c.body))
-			if got := sessionKey(r, cfg); got != c.want {
-				t.Errorf("key %q, want %q", got, c.want)
+			if got := sessionKey(r, cfg).Key; got != hashOf(c.want) {
+				t.Errorf("key %x, want %q", got, c.want)
 			}
 			if got, err := io.ReadAll(r.Body); err != nil || string(got) != c.body {
 				t.Errorf("body handed on: %q, %v; want %q", got, err, c.body)
@@ -108,12 +122,12 @@ func TestSessionKeyFromBody(t *testing.T) {
 func TestSessionKeyLongBodyIntact(t *testing.T) {
 	head := `{"metadata":{"user_id":"{\"session_id\":\"s-early\"}"},"messages":[{"role":"user","content":"`
 	long := head + strings.Repeat("x", 100<<10) + `"}],"user":"late"}`
-	cfg := &ModelConfig{SessionFromBody: true, BodyScanBytes: len(head) + 10}
+	cfg := &ModelConfig{SessionFromBody: on, BodyScanBytes: len(head) + 10}
 	body := &trackedBody{Reader: strings.NewReader(long)}
 	r := sessionRequest(nil)
 	r.Body = body
-	if got := sessionKey(r, cfg); got != "s-early" {
-		t.Errorf("key %q, want s-early", got)
+	if got := sessionKey(r, cfg).Key; got != hashOf("s-early") {
+		t.Errorf("key %x, want s-early", got)
 	}
 	if got, err := io.ReadAll(r.Body); err != nil || string(got) != long {
 		t.Errorf("body handed on: %d bytes, %v; want the %d sent", len(got), err, len(long))
@@ -125,8 +139,8 @@ func TestSessionKeyLongBodyIntact(t *testing.T) {
 	// A session named past the scan limit is not found, and the body is
 	// still whole.
 	r = sessionRequest(strings.NewReader(`{"messages":[{"content":"` + strings.Repeat("y", 1000) + `"}],"user":"late"}`))
-	if got := sessionKey(r, &ModelConfig{SessionFromBody: true, BodyScanBytes: 64}); got != "" {
-		t.Errorf("key %q from past the scan limit", got)
+	if got := sessionKey(r, &ModelConfig{SessionFromBody: on, BodyScanBytes: 64}).Key; got != hashOf("") {
+		t.Errorf("key %x from past the scan limit", got)
 	}
 	if got, _ := io.ReadAll(r.Body); len(got) != 1000+len(`{"messages":[{"content":""}],"user":"late"}`) {
 		t.Errorf("body handed on: %d bytes", len(got))
@@ -169,8 +183,8 @@ func TestSessionKeyReadErrorHandedOn(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := sessionRequest(nil)
 			r.Body = io.NopCloser(&failingReader{data: []byte(c.sent), err: reset})
-			if got := sessionKey(r, &ModelConfig{SessionFromBody: true, BodyScanBytes: c.scan}); got != c.wantKey {
-				t.Errorf("key %q, want %q", got, c.wantKey)
+			if got := sessionKey(r, &ModelConfig{SessionFromBody: on, BodyScanBytes: c.scan}).Key; got != hashOf(c.wantKey) {
+				t.Errorf("key %x, want %q", got, c.wantKey)
 			}
 			got, err := io.ReadAll(r.Body)
 			if string(got) != c.sent {
@@ -188,8 +202,8 @@ func TestSessionKeyBodyReadInPieces(t *testing.T) {
 	sent := anthropicBody + strings.Repeat(" ", 300)
 	r := sessionRequest(strings.NewReader(sent))
 	// The scan ends inside "messages", after the metadata.
-	if got := sessionKey(r, &ModelConfig{SessionFromBody: true, BodyScanBytes: len(anthropicBody) - 5}); got != "s-anthropic" {
-		t.Fatalf("key %q", got)
+	if got := sessionKey(r, &ModelConfig{SessionFromBody: on, BodyScanBytes: len(anthropicBody) - 5}).Key; got != hashOf("s-anthropic") {
+		t.Fatalf("key %x", got)
 	}
 	var out bytes.Buffer
 	buf := make([]byte, 7)

@@ -27,6 +27,7 @@ type ModelStatus struct {
 	NoReplica          uint64  `json:"no_replica"`
 	SessionsEvicted    uint64  `json:"sessions_evicted"`
 	SessionsExpired    uint64  `json:"sessions_expired"`
+	CompactionsIgnored uint64  `json:"compactions_ignored"` // hints within compaction_interval of the last placement
 	// PrefixHitRate is the fleet's, over the last 5 minutes, from the
 	// replicas' prefix-cache counters (else the mean of their own V0 hit-rate
 	// gauges); nil (JSON null) when no replica publishes either.
@@ -69,7 +70,9 @@ type ReplicaStatus struct {
 	ClientPinned uint64  `json:"client_pinned"`
 	Placed       uint64  `json:"placed"`
 	Replaced     uint64  `json:"replaced"`
-	Adopted      uint64  `json:"adopted"` // sessions another Caddy instance pinned here (shared pin store)
+	Adopted      uint64  `json:"adopted"`   // sessions another Caddy instance pinned here (shared pin store)
+	Joined       uint64  `json:"joined"`    // of placed, sub-agents and continuations pinned beside their parent
+	Compacted    uint64  `json:"compacted"` // conversations pinned here anew after a compaction
 	Unpinned     uint64  `json:"unpinned"`
 	Running      float64 `json:"running"`
 	Waiting      float64 `json:"waiting"`
@@ -107,6 +110,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		NoReplica:          st.NoReplica,
 		SessionsEvicted:    st.Evicted,
 		SessionsExpired:    st.Expired,
+		CompactionsIgnored: st.CompactionsIgnored,
 		Since:              st.Since,
 		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
 		PinSnapshot:        l.model.pinStatus(l),
@@ -130,6 +134,8 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Placed:         rs.Placed,
 			Replaced:       rs.Replaced,
 			Adopted:        rs.Adopted,
+			Joined:         rs.Joined,
+			Compacted:      rs.Compacted,
 			Unpinned:       rs.Unpinned,
 			Running:        rs.Load.Running,
 			Waiting:        rs.Load.Waiting,

@@ -91,3 +91,18 @@ func newKeys(n int) []string {
 	}
 	return keys
 }
+
+// BenchmarkPinnedLookupHashed is the same turn as the policy routes it: the
+// key hashed by sessionkey from the headers (Request.Hash).
+func BenchmarkPinnedLookupHashed(b *testing.B) {
+	r, keys := benchRouter(b)
+	hashes := make([]uint64, len(keys))
+	for i, k := range keys {
+		hashes[i] = HashKey(k)
+	}
+	i := 0
+	for b.Loop() {
+		r.Pick(Request{Hash: hashes[i%len(hashes)], Now: t0}).Release()
+		i++
+	}
+}

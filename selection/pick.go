@@ -7,8 +7,30 @@ import (
 // Request is what the router needs to know about one request.
 type Request struct {
 	// Key identifies the session (a session header value); empty when the
-	// request carries none.
+	// request carries none. Hash, when not 0, is used instead.
 	Key string
+	// Hash is the session key already hashed (HashKey, or
+	// sessionkey.Hash and Combine); 0 means none: Key is hashed.
+	Hash uint64
+	// Parent is the hashed key of the conversation this one was spawned by
+	// (a sub-agent's agent) or continues; 0 when none. A conversation met
+	// for the first time is placed on its parent's replica when that
+	// replica has room (see Joined).
+	Parent uint64
+	// Continues is true when the conversation's prompt starts with its
+	// parent's (a fork; a header-less conversation past its first turn):
+	// it joins its parent's replica unless that one is over its spill
+	// threshold. A spawned sub-agent shares only the parent's system
+	// prefix, and joins only a replica about as light as the lightest.
+	Continues bool
+	// Renamed is true when Parent is this same conversation's earlier key
+	// (a header-less conversation's first turn, before it had a reply): once
+	// the conversation joins it, the old key no longer counts as an active
+	// conversation of its own, so that the conversation is not counted twice
+	// as load when placing others.
+	Renamed bool
+	// Compaction is the request's compaction hint.
+	Compaction Compaction
 	// ClientReplica is a replica ID the client asked for (client pinning);
 	// empty when it asked for none or is not allowed to.
 	ClientReplica string
@@ -41,10 +63,38 @@ const (
 	// Adopted: a conversation new to this router that another router
 	// sharing the pin table had pinned: routed to that pin.
 	Adopted
+	// Joined: a new conversation pinned to its parent's replica (a
+	// sub-agent beside its agent, a continuation beside its first turn).
+	Joined
+	// Compacted: the conversation's prefix was replaced (compaction), so
+	// its cache is worthless: it was pinned anew by load, like a new one.
+	Compacted
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "adopted"}
+var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "adopted", "joined", "compacted"}
+
+// Compaction is what a request says about its conversation's prefix.
+type Compaction uint8
+
+// Compaction hints.
+const (
+	NoCompaction Compaction = iota
+	// Compacting: the request that summarises the conversation. Its prompt
+	// is the old history, cached on the pin, so it stays there; the
+	// conversation's next request is placed anew.
+	Compacting
+	// CompactedPrefix: the first request on the new, summarised prefix,
+	// which no replica holds: placed anew by load.
+	CompactedPrefix
+)
+
+// ParentSlack is how much more loaded (in placement cost: requests in flight
+// and active conversations) than the lightest replica a parent's replica
+// may be for a spawned sub-agent to join it: a child shares its parent's
+// system prefix, which is worth about one conversation's load, not more, so
+// that parallel children of one agent spread.
+const ParentSlack = 1.0
 
 func (o Outcome) String() string {
 	if o >= numOutcomes {
@@ -88,11 +138,14 @@ func (v *View) Pick(req Request) Decision {
 			return Decision{rep: s, Outcome: ClientPinned}
 		}
 	}
-	if req.Key == "" {
-		r.unkeyed.Add(1)
-		return v.pickByLoad(req, 0)
+	key := req.Hash
+	if key == 0 {
+		if req.Key == "" {
+			r.unkeyed.Add(1)
+			return v.pickByLoad(req, 0)
+		}
+		key = HashKey(req.Key)
 	}
-	key := HashKey(req.Key)
 	if !v.cfg.Affinity {
 		return v.pickByLoad(req, key)
 	}
@@ -102,7 +155,13 @@ func (v *View) Pick(req Request) Decision {
 	e := sh.touch(key, now, int64(v.cfg.SessionTTL))
 	if e == nil || !v.usable(e.pin, req.Usable) {
 		sh.mu.Unlock()
-		return v.pinByLoad(req, key, now)
+		return v.pinByLoad(req, key, now, false)
+	}
+	if req.Compaction != NoCompaction || e.compacted {
+		if v.compaction(e, req.Compaction, now) {
+			sh.mu.Unlock()
+			return v.pinByLoad(req, key, now, true)
+		}
 	}
 	pin := e.pin
 	threshold, _ := v.SpillThreshold()
@@ -121,52 +180,158 @@ func (v *View) usable(s *replicaState, proxyUsable func(string) bool) bool {
 	return s.healthy.Load() && v.has(s) && usableBy(proxyUsable, s)
 }
 
-// pinByLoad pins a session to the least-loaded replica: a new one (Placed),
-// or one whose pin is unusable (Replaced); with a shared pin table, to the
-// replica another router pinned it to when that one is usable (Adopted).
-func (v *View) pinByLoad(req Request, key uint64, now int64) Decision {
-	d, previous := v.pinLocally(req, key, now)
-	if d.Outcome != Placed && d.Outcome != Replaced {
+// compaction applies a request's compaction hint to its conversation's
+// entry (its shard locked) and reports whether the conversation must be
+// placed anew now. A summarising request marks the entry, so that the next
+// request, whatever it carries, is placed anew. At most one re-placement per
+// conversation per CompactionInterval: a client sending a hint on every
+// request does not make its conversation hop.
+func (v *View) compaction(e *session, hint Compaction, now int64) bool {
+	if hint == Compacting {
+		e.compacted = true
+		return false
+	}
+	e.compacted = false
+	if now-e.placedAt < int64(v.cfg.CompactionInterval) {
+		v.router.compactionsIgnored.Add(1)
+		return false
+	}
+	return true
+}
+
+// pinByLoad pins a session to the least-loaded replica: a new one (Placed,
+// or Joined when its parent's replica takes it), one whose pin is unusable
+// (Replaced), or, with compacted, one whose prefix was replaced
+// (Compacted); with a shared pin table, to the replica another router
+// pinned it to when that one is usable (Adopted).
+func (v *View) pinByLoad(req Request, key uint64, now int64, compacted bool) Decision {
+	d, previous := v.pinLocally(req, key, now, compacted)
+	switch d.Outcome {
+	case Placed, Replaced, Joined, Compacted:
+	default:
 		return d
 	}
-	if v.cfg.Shared != nil {
+	if d.Outcome == Joined && req.Renamed {
+		v.router.retire(req.Parent)
+	}
+	if v.cfg.Shared != nil && !(d.Outcome == Compacted && previous == "") {
 		d = v.share(req, key, d, previous)
 	}
 	switch d.Outcome {
 	case Placed:
 		d.rep.placed.Add(1)
+	case Joined:
+		d.rep.placed.Add(1)
+		d.rep.joined.Add(1)
 	case Replaced:
 		d.rep.replaced.Add(1)
+	case Compacted:
+		d.rep.compacted.Add(1)
 	}
 	return d
 }
 
-// pinLocally makes pinByLoad's choice in the router's own table; for a
-// replaced pin it also returns the previous replica's ID.
-func (v *View) pinLocally(req Request, key uint64, now int64) (d Decision, previous string) {
-	r := v.router
-	r.placeMu.Lock()
-	defer r.placeMu.Unlock()
+// retire stops counting key's entry as an active conversation until it is
+// used again; the entry keeps its pin.
+func (r *Router) retire(key uint64) {
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.touch(key, now, int64(v.cfg.SessionTTL))
-	// Another request of the same session may have placed it meanwhile.
-	if e != nil && v.usable(e.pin, req.Usable) {
+	if e := sh.byKey[key]; e != nil && e.active {
+		e.active = false
+		e.pin.active.Add(-1)
+	}
+}
+
+// pinOf is the replica key is pinned to, nil when none; it does not count
+// as a use of key.
+func (r *Router) pinOf(key uint64, now, ttl int64) *replicaState {
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.byKey[key]; e != nil && now-e.lastSeen <= ttl {
+		return e.pin
+	}
+	return nil
+}
+
+// joins reports whether a new conversation goes to its parent's replica p
+// rather than to best, the least loaded: p must be usable and within its
+// spill threshold, and, for a spawned sub-agent, not more than ParentSlack
+// costlier than best.
+func (v *View) joins(req Request, p, best *replicaState) bool {
+	if p == nil || !v.usable(p, req.Usable) {
+		return false
+	}
+	threshold, _ := v.SpillThreshold()
+	if p.inFlight.Load() > int64(threshold) {
+		return false
+	}
+	if req.Continues || p == best {
+		return true
+	}
+	w := v.spillWeight()
+	return cost(p, w, true) <= cost(best, w, true)+ParentSlack
+}
+
+// pinLocally makes pinByLoad's choice in the router's own table; for a
+// moved pin it also returns the previous replica's ID.
+func (v *View) pinLocally(req Request, key uint64, now int64, compacted bool) (d Decision, previous string) {
+	r := v.router
+	r.placeMu.Lock()
+	defer r.placeMu.Unlock()
+	ttl := int64(v.cfg.SessionTTL)
+	var parent *replicaState
+	if req.Parent != 0 && req.Parent != key {
+		parent = r.pinOf(req.Parent, now, ttl) // before key's shard: it may be the same
+	}
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.touch(key, now, ttl)
+	// Another request of the same session may have placed it meanwhile
+	// (or, for a compaction, placed it anew).
+	if e != nil && v.usable(e.pin, req.Usable) && (!compacted || now-e.placedAt < int64(v.cfg.CompactionInterval)) {
 		e.pin.inFlight.Add(1)
 		e.pin.sticky.Add(1)
 		return Decision{rep: e.pin, Outcome: Sticky}, ""
 	}
-	s := v.leastLoaded(req.Usable, key, true)
+	var s *replicaState
+	if compacted && e != nil {
+		// Placed like a new conversation: its own activity does not weigh
+		// on the replica it leaves.
+		if e.active {
+			e.pin.active.Add(-1)
+		}
+		s = v.leastLoaded(req.Usable, key, true)
+		if e.active {
+			e.pin.active.Add(1)
+		}
+	} else {
+		s = v.leastLoaded(req.Usable, key, true)
+	}
 	if s == nil {
 		r.noReplica.Add(1)
 		return Decision{}, ""
 	}
+	outcome := Placed
+	if e == nil && v.joins(req, parent, s) {
+		s, outcome = parent, Joined
+	}
 	s.inFlight.Add(1)
 	if e == nil {
-		_, dropped := sh.insert(key, s, now)
+		ne, dropped := sh.insert(key, s, now)
+		ne.compacted = req.Compaction == Compacting
 		r.evicted.Add(uint64(dropped))
-		return Decision{rep: s, Outcome: Placed}, ""
+		return Decision{rep: s, Outcome: outcome}, ""
+	}
+	e.placedAt = now
+	if compacted {
+		if e.pin != s {
+			previous = e.pin.ID
+			e.repin(s)
+		}
+		return Decision{rep: s, Outcome: Compacted}, previous
 	}
 	previous = e.pin.ID
 	e.repin(s)

@@ -57,6 +57,8 @@ type replicaState struct {
 	clientPinned atomic.Uint64 // requests whose client chose this replica
 	unpinned     atomic.Uint64 // requests placed by load alone (unkeyed, affinity off)
 	adopted      atomic.Uint64 // sessions pinned here by another router (shared pins)
+	joined       atomic.Uint64 // of placed, new sessions pinned beside their parent
+	compacted    atomic.Uint64 // sessions pinned here anew after a compaction
 }
 
 func newReplicaState(r Replica) *replicaState {

@@ -12,6 +12,8 @@ const (
 	DefaultSessionTTL   = 30 * time.Minute
 	DefaultActiveWindow = 2 * time.Minute
 	DefaultMaxSessions  = 100_000
+	// DefaultCompactionInterval: real compactions are many turns apart.
+	DefaultCompactionInterval = time.Minute
 )
 
 // Config is one configuration's routing settings. Each config load has its
@@ -34,6 +36,10 @@ type Config struct {
 	// Shared is the pin table shared with other routers; nil keeps pins to
 	// this router alone.
 	Shared SharedPins
+	// CompactionInterval is the least time between two placements of a
+	// conversation for compaction (or since it was placed); a compaction
+	// hint sooner is ignored (counted in Status.CompactionsIgnored).
+	CompactionInterval time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -48,6 +54,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.CompactionInterval <= 0 {
+		c.CompactionInterval = DefaultCompactionInterval
 	}
 	return c
 }
@@ -79,6 +88,9 @@ type Router struct {
 	noReplica atomic.Uint64
 	evicted   atomic.Uint64
 	expired   atomic.Uint64
+	// compactionsIgnored counts compaction hints that came within
+	// CompactionInterval of the conversation's last placement.
+	compactionsIgnored atomic.Uint64
 }
 
 // NewRouter returns the empty state of model's routing.

@@ -15,10 +15,14 @@ const MinMaxSessions = sessionShards
 // last use (most recent first), which gives LRU eviction, TTL expiry and the
 // "active conversation" window with pointer moves only.
 type session struct {
-	key        uint64
-	pin        *replicaState
-	lastSeen   int64 // unix nanoseconds
-	active     bool  // used within the active window; counted in pin.active
+	key      uint64
+	pin      *replicaState
+	lastSeen int64 // unix nanoseconds
+	placedAt int64 // when pinned to pin by load (placed, replaced, compacted)
+	active   bool  // used within the active window; counted in pin.active
+	// compacted: a summarising request was seen; the next request starts a
+	// new prefix and is placed anew.
+	compacted  bool
 	prev, next *session
 }
 
@@ -92,7 +96,7 @@ func (s *sessionShard) touch(key uint64, now, ttl int64) *session {
 // insert pins key to pin, evicting the least recently used entries beyond
 // capacity. It returns the new entry and the number of entries evicted.
 func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) (*session, int) {
-	e := &session{key: key, pin: pin, lastSeen: now, active: true}
+	e := &session{key: key, pin: pin, lastSeen: now, placedAt: now, active: true}
 	pin.sessions.Add(1)
 	pin.active.Add(1)
 	s.byKey[key] = e
@@ -131,8 +135,10 @@ func (s *sessionShard) remove(e *session) {
 func (s *sessionShard) sweep(now, ttl, activeWindow int64) (expired int) {
 	for s.oldestActive != nil && now-s.oldestActive.lastSeen > activeWindow {
 		e := s.oldestActive
-		e.active = false
-		e.pin.active.Add(-1)
+		if e.active { // a retired entry (Router.retire) was already uncounted
+			e.active = false
+			e.pin.active.Add(-1)
+		}
 		s.oldestActive = e.prev
 	}
 	for s.tail != nil && now-s.tail.lastSeen > ttl {

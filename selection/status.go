@@ -21,7 +21,10 @@ type Status struct {
 	NoReplica     uint64
 	Evicted       uint64
 	Expired       uint64
-	Replicas      []ReplicaStatus
+	// CompactionsIgnored counts compaction hints ignored because they came
+	// within CompactionInterval of the conversation's last placement.
+	CompactionsIgnored uint64
+	Replicas           []ReplicaStatus
 }
 
 // ReplicaStatus is one replica's counters since the router started.
@@ -37,6 +40,8 @@ type ReplicaStatus struct {
 	ClientPinned   uint64
 	Unpinned       uint64
 	Adopted        uint64 // sessions pinned here by another router (shared pins)
+	Joined         uint64 // of Placed, sessions pinned here beside their parent
+	Compacted      uint64 // sessions pinned here anew after a compaction
 	Load           Load
 	Healthy        bool
 }
@@ -57,6 +62,7 @@ func (v *View) Status() Status {
 		NoReplica:          r.noReplica.Load(),
 		Evicted:            r.evicted.Load(),
 		Expired:            r.expired.Load(),
+		CompactionsIgnored: r.compactionsIgnored.Load(),
 	}
 	var sticky, spilled uint64
 	for _, s := range v.replicas {
@@ -72,6 +78,8 @@ func (v *View) Status() Status {
 			ClientPinned:   s.clientPinned.Load(),
 			Unpinned:       s.unpinned.Load(),
 			Adopted:        s.adopted.Load(),
+			Joined:         s.joined.Load(),
+			Compacted:      s.compacted.Load(),
 			Load:           *s.load.Load(),
 			Healthy:        s.healthy.Load(),
 		}

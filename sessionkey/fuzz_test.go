@@ -117,3 +117,58 @@ func FuzzFromHeaders(f *testing.F) {
 		}
 	})
 }
+
+// FuzzReadBody feeds arbitrary bytes as a header-less request's body: no
+// panic, the same answer for the same bytes, and a key exactly when a source
+// says so.
+func FuzzReadBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"a"}]}`,
+		`{"instructions":"i","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"t"}]},{"type":"reasoning"},{"type":"function_call","call_id":"c"}],"prompt_cache_key":"k"}`,
+		`{"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+		`{"session_id":"s","messages":[`,
+		`{"messages":[{"role":"user","content":1e999}]}`,
+		`{"input":"one shot"}`,
+		`{"messages":[[[[[[[[[[`,
+	} {
+		f.Add([]byte(seed), true, true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, ids, fingerprint bool) {
+		id := ReadBody(body, ids, fingerprint)
+		if again := ReadBody(body, ids, fingerprint); again != id {
+			t.Fatalf("not deterministic: %+v then %+v", id, again)
+		}
+		switch {
+		case id.Key == 0 && (id.Source != None || id.Parent != 0):
+			t.Fatalf("no key but %+v", id)
+		case id.Source == Fingerprint && !fingerprint, id.Source == Body && !ids:
+			t.Fatalf("%+v from a source that is off", id)
+		case id.Source == Header || id.Hint != NoHint:
+			t.Fatalf("%+v from a body", id)
+		}
+	})
+}
+
+// FuzzRulesFromHeaders puts arbitrary values in every header the agents'
+// rules read: no panic, and a key exactly when a session header is present.
+func FuzzRulesFromHeaders(f *testing.F) {
+	f.Add("s", "a", "p", "T", `{"request_kind":"compaction"}`, "compact")
+	f.Add("", "", "", "", `"request_kind":`, "")
+	f.Fuzz(func(t *testing.T, session, agent, parent, thread, meta, subagent string) {
+		h := http.Header{}
+		for k, v := range map[string]string{"X-Claude-Code-Session-Id": session, "X-Claude-Code-Agent-Id": agent,
+			"X-Claude-Code-Parent-Agent-Id": parent, "Thread-Id": thread, "Session-Id": session,
+			"X-Codex-Turn-Metadata": meta, "X-Openai-Subagent": subagent, "X-Parent-Session-Id": parent} {
+			if v != "" {
+				h.Set(k, v)
+			}
+		}
+		id := NewRules(nil, true, true).FromHeaders(h)
+		if (id.Key != 0) != (session != "" || thread != "") {
+			t.Fatalf("headers %v: %+v", h, id)
+		}
+		if id.Key != 0 && id.Parent == id.Key {
+			t.Fatalf("its own parent: %+v", id)
+		}
+	})
+}

@@ -38,10 +38,6 @@ func TestRun(t *testing.T) {
 		t.Errorf("%d rows, want %d", len(table.Rows), want)
 	}
 	for _, v := range table.Violations() {
-		if strings.Contains(v, gracefulRestartIssue) {
-			t.Logf("KNOWN PRODUCT ISSUE, not failed here (wardenbench faults still fails on it): %s", v)
-			continue
-		}
 		t.Error(v)
 	}
 	for _, r := range table.Rows {
@@ -53,14 +49,6 @@ func TestRun(t *testing.T) {
 		t.Logf("caddy and simulators:\n%s", log.String())
 	}
 }
-
-// gracefulRestartIssue is the violation TestRun logs instead of failing on:
-// after a graceful restart every pin is restored from the snapshot, but in
-// about half the short runs one conversation's first request after the
-// restart is re-placed (the admin JSON counts it as replaced: its replica
-// was not usable to warden at that moment). It is the product's to fix
-// (caddymodule/selection); remove this exception then.
-const gracefulRestartIssue = "of conversations returned to their replica"
 
 // cluster runs the Caddy-side faults of three instances sharing Redis
 // (cd bench && go test -run TestClusterRun -cluster -v ./faults); it is
