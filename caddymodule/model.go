@@ -185,7 +185,6 @@ func (m *model) logHealthChange(addr string, old, new health.State) {
 	}
 }
 
-
 // start runs the metrics poller, the session sweeper and the periodic pin
 // snapshot until Destruct. Starting a running model does nothing.
 func (m *model) start() {

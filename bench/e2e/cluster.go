@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 )
 
 // Pin stores the Caddy instances of a run can share.
@@ -84,7 +85,7 @@ type Cluster struct {
 	// Front is nil with a single instance.
 	Front *caddyproc.Process
 	// Redis is nil without a Redis pin store.
-	Redis *Redis
+	Redis *redisproc.Server
 
 	o ClusterOptions
 }
@@ -146,7 +147,7 @@ func StartCluster(ctx context.Context, o ClusterOptions, config func(c *Cluster,
 	c := &Cluster{o: o}
 	redisAddr := next()
 	if o.PinStore == PinStoreRedis {
-		r, err := StartRedis(ctx, redisAddr, o.Log)
+		r, err := redisproc.Start(ctx, redisproc.Options{Addr: redisAddr, Log: o.Log})
 		if err != nil {
 			return nil, err
 		}

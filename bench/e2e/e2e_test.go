@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 )
 
 // A short run through the whole real path: vllmsim processes, Caddy from
@@ -107,8 +108,8 @@ func requireRedis(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("%v (.ci/run installs it)", ErrNoRedisServer)
+			t.Fatalf("%v (.ci/run installs it)", redisproc.ErrNotInstalled)
 		}
-		t.Skipf("%v; skipping", ErrNoRedisServer)
+		t.Skipf("%v; skipping", redisproc.ErrNotInstalled)
 	}
 }

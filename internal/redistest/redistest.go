@@ -1,32 +1,28 @@
-// Package redistest starts private redis-server processes for tests: each
-// on a free loopback port, with its own temporary directory, stopped when
-// the test ends. Debian's redis-server is what CI installs (.ci/run).
+// Package redistest starts private redis-server processes for tests
+// (internal/redisproc), stopped when the test ends, and talks to them.
+// Debian's redis-server is what CI installs (.ci/run).
 package redistest
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 )
 
-// Server is one redis-server process.
+// Server is one redis-server process of a test.
 type Server struct {
-	// Addr is its loopback host:port.
-	Addr string
-	dir  string
-	cmd  *exec.Cmd
-	args []string
-	t    testing.TB
+	*redisproc.Server
+	t testing.TB
 	// password is --requirepass's, which Do authenticates with.
 	password string
 }
@@ -37,55 +33,32 @@ type Server struct {
 // through (for example "--requirepass", "secret").
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server is not installed (.ci/run installs Debian's redis-server): %v", err)
-		}
-		t.Skipf("redis-server not installed (Debian package redis-server); skipping: %v", err)
+	proc, err := redisproc.Start(context.Background(), redisproc.Options{Args: extra})
+	switch {
+	case errors.Is(err, redisproc.ErrNotInstalled) && os.Getenv("CI") == "":
+		t.Skipf("%v; skipping", err)
+	case err != nil:
+		t.Fatalf("%v (.ci/run installs Debian's redis-server)", err)
 	}
-	s := &Server{Addr: testnet.Addr(t), dir: t.TempDir(), t: t}
+	t.Cleanup(proc.Stop)
+	s := &Server{Server: proc, t: t}
 	for i, a := range extra {
 		if a == "--requirepass" && i+1 < len(extra) {
 			s.password = extra[i+1]
 		}
 	}
-	_, port, _ := net.SplitHostPort(s.Addr)
-	s.args = append([]string{
-		"--bind", "127.0.0.1", "--port", port,
-		"--dir", s.dir, "--save", "", "--appendonly", "no",
-		"--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"),
-	}, extra...)
-	s.cmd = exec.Command(bin, s.args...)
-	s.start()
-	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *Server) start() {
-	s.t.Helper()
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
-	}
-	testnet.WaitListening(s.t, s.Addr, 10*time.Second)
-}
+// Stop kills the server, as a crash would; Restart brings it back, empty.
+func (s *Server) Stop() { s.Kill() }
 
-// Stop kills the server (as a crash would) and waits for it; stopping a
-// stopped server does nothing.
-func (s *Server) Stop() {
-	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-}
-
-// Restart starts the server again on the same port, empty (no persistence).
+// Restart starts the server again on the same port, empty.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.Stop()
-	s.cmd = exec.Command(s.cmd.Path, s.args...)
-	s.start()
+	if err := s.Server.Restart(context.Background()); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // Do sends one command over a fresh connection (authenticated first when
