@@ -1,6 +1,7 @@
-// Command vllmsim serves simulated vLLM engines on 127.0.0.1: the OpenAI and Anthropic chat
-// endpoints, /v1/models, /health and /metrics of a vLLM V1 server, with its prefix cache,
-// scheduler and data-parallel balancer modelled in simulated time. See bench/vllmsim/README.md.
+// Command vllmsim serves simulated vLLM engines on 127.0.0.1: the OpenAI chat completions,
+// OpenAI responses and Anthropic messages endpoints, /v1/models, /health and /metrics of a
+// vLLM V1 server, with its prefix cache, scheduler and data-parallel balancer modelled in
+// simulated time. See bench/vllmsim/README.md.
 package main
 
 import (

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -68,7 +69,11 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 	}
 	req, err := api.parse(body)
 	if err != nil {
-		api.writeError(w, http.StatusBadRequest, err.Error())
+		status := http.StatusBadRequest
+		if se, ok := errors.AsType[statusError](err); ok {
+			status = se.status
+		}
+		api.writeError(w, status, err.Error())
 		return
 	}
 	if req.model != "" && !s.cfg.servesModel(req.model) {
@@ -114,7 +119,11 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 		api.writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	w.Header().Set(EngineHeader, fmt.Sprintf("%s/%d", s.ID(), rank))
+	engineID := fmt.Sprintf("%s/%d", s.ID(), rank)
+	if s.cfg.OnRequest != nil {
+		s.cfg.OnRequest(Served{Path: r.URL.Path, Engine: engineID, Header: r.Header.Clone(), Body: body})
+	}
+	w.Header().Set(EngineHeader, engineID)
 	out := api.newWriter(s, w, req)
 	dieAfter := 0
 	if s.Faults().DieMidStream {

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/dplb"
@@ -42,6 +43,19 @@ type Config struct {
 	PromptTokensDetails bool
 	// Faults are the fault switches in force at start.
 	Faults Faults
+	// OnRequest, if set, is called with every generation request the server accepted, once
+	// its engine is chosen and before the reply starts (from the request's goroutine, so
+	// it must be safe for concurrent use). Tests use it to see which engine served what and
+	// what the client sent.
+	OnRequest func(Served)
+}
+
+// Served is a generation request as the server accepted it.
+type Served struct {
+	Path   string      // the URL path, e.g. /v1/responses
+	Engine string      // what the X-Vllmsim-Engine response header says: "<server id>/<rank>"
+	Header http.Header // the request's headers (a copy)
+	Body   []byte      // the request's body
 }
 
 // DefaultModel is the model of the seed's measurements.

@@ -54,7 +54,7 @@ func contentText(raw json.RawMessage, dropBillingHeader bool) (string, error) {
 	parts := make([]string, 0, len(blocks))
 	for _, b := range blocks {
 		switch b.Type {
-		case "text":
+		case "text", "input_text", "output_text": // the last two: Responses API parts
 			if dropBillingHeader && strings.HasPrefix(b.Text, billingHeaderPrefix) {
 				continue
 			}
@@ -194,12 +194,15 @@ func parseOpenAI(body []byte) (chatRequest, error) {
 }
 
 // PromptTokens returns the prompt token ids the simulator computes for a
-// request body sent to path (/v1/messages or /v1/chat/completions), for
+// request body sent to path (/v1/messages, /v1/chat/completions or /v1/responses), for
 // clients that need the exact token stream, such as the benchmark's hit bound.
 func PromptTokens(path string, body []byte) ([]uint32, error) {
 	parse := parseOpenAI
-	if strings.HasSuffix(path, "/messages") {
+	switch {
+	case strings.HasSuffix(path, "/messages"):
 		parse = parseAnthropic
+	case strings.HasSuffix(path, "/responses"):
+		parse = parseResponses
 	}
 	req, err := parse(body)
 	if err != nil {

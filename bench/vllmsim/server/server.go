@@ -1,6 +1,6 @@
 // Package server serves simulated vLLM engines over HTTP with vLLM's surface: OpenAI chat
-// completions, Anthropic messages, models, health and Prometheus metrics, one or more
-// data-parallel engines behind one port, and fault switches for reliability tests.
+// completions and responses, Anthropic messages, models, health and Prometheus metrics, one
+// or more data-parallel engines behind one port, and fault switches for reliability tests.
 //
 // Engines run in simulated time: a step the engine model says takes d takes d/TimeScale of
 // wall time, and every time the server reports (TTFT histogram) is simulated time.
@@ -104,6 +104,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChatCompletions)
 	mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	mux.HandleFunc("POST /v1/responses", s.handleResponses)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /version", s.handleVersion)
