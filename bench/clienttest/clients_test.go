@@ -23,10 +23,6 @@ type client struct {
 	// keyed says whether the client sends a conversation id that warden's default keying
 	// reads; a header-less client stays on one replica only through the fingerprint.
 	keyed bool
-	// mergeIssue, when set, names a known reason why warden keys two conversations of this
-	// client as one: the test then skips, saying so, when A and B land together (each on
-	// one replica), instead of failing. Delete it once warden tells them apart.
-	mergeIssue string
 }
 
 // prompt is what the user types in a turn of a conversation. It asks for a text answer, so
@@ -130,10 +126,6 @@ exporter = "none"
 	},
 	{
 		name: "QwenCode", pkg: "@qwen-code/qwen-code", bin: "qwen", keyed: false,
-		mergeIssue: "Qwen Code opens every conversation with the same context message (date, " +
-			"directory, file list) and the canned reply \"Got it. Thanks for the context!\", so two " +
-			"conversations of one directory on one day share their head and first reply, which is " +
-			"all the fingerprint hashes (sessionkey.fingerprintOf)",
 		setup: func(f *fleet, home string) ([]string, error) {
 			settings := `{
   "security": {"auth": {"selectedType": "openai"}},

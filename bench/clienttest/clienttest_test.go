@@ -77,20 +77,11 @@ func testClient(t *testing.T, c client) {
 	}
 	engineA, errA := oneEngine(a, c.keyed)
 	engineB, errB := oneEngine(b, c.keyed)
-	if !c.keyed && (errA != nil || errB != nil || engineA == engineB) && !fingerprintAvailable(t) {
-		t.Skipf("%s sends no conversation id and this build of warden has no fingerprint keying yet "+
-			"(A: %v; B: %v); the test will require one replica per conversation once it has",
-			c.name, cmpOr(errA, engineA), cmpOr(errB, engineB))
-	}
 	if errA != nil {
 		t.Errorf("conversation A: %v", errA)
 	}
 	if errB != nil {
 		t.Errorf("conversation B: %v", errB)
-	}
-	if errA == nil && errB == nil && engineA == engineB && c.mergeIssue != "" {
-		t.Skipf("KNOWN ISSUE, not a pass: conversations A and B both on %s%s: %s",
-			engineA, sharedLead(a[0].reqs[0], b[0].reqs[0]), c.mergeIssue)
 	}
 	if errA == nil && errB == nil && engineA == engineB {
 		t.Errorf("conversations A and B both on %s; want them spread over the two replicas%s", engineA, sharedLead(a[0].reqs[0], b[0].reqs[0]))
@@ -98,13 +89,6 @@ func testClient(t *testing.T, c client) {
 	if !t.Failed() {
 		t.Logf("%s %s: conversation A (3 turns) on %s, conversation B (2 turns) on %s", c.pkg, version, engineA, engineB)
 	}
-}
-
-func cmpOr(err error, engine string) string {
-	if err != nil {
-		return err.Error()
-	}
-	return "all on " + engine
 }
 
 // turn is one invocation of a CLI and the requests the replicas served during it.
@@ -279,25 +263,6 @@ func baseEnv(home string) []string {
 		env = append(env, "PATH="+path)
 	}
 	return env
-}
-
-// fingerprintAvailable says whether this build of warden knows the fingerprint option that
-// keys conversations from clients that send no id.
-func fingerprintAvailable(t *testing.T) bool {
-	t.Helper()
-	bin, err := caddyBin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "Caddyfile")
-	cf := "{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tfingerprint on\n\t\t}\n\t}\n}\n"
-	if err := os.WriteFile(path, []byte(cf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "adapt", "--config", path, "--adapter", "caddyfile")
-	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
-	return cmd.Run() == nil
 }
 
 // wireSummary lists, per request, what the client sent that could identify its
