@@ -86,6 +86,42 @@ type Config struct {
 	SessionHeader string
 	// API selects the wire protocol.
 	API API
+
+	// NoSessionID sends no conversation ID anywhere: no session header, no
+	// metadata.user_id, no agent headers or compaction hints, as Cline,
+	// Aider or Qwen Code talk to an OpenAI-compatible server. A proxy can
+	// only key such a conversation by its content.
+	NoSessionID bool
+
+	// Subagents is how many sub-agents a spawning turn starts (0: none).
+	// After every SubagentEvery-th turn of a session (1-based, its last
+	// excepted) the agent waits for Subagents children running in
+	// parallel, as Claude Code's Task tool does, then goes on. Each child
+	// is its own Claude Code agent: the session's header and metadata, its
+	// own X-Claude-Code-Agent-Id (new per spawn), no
+	// X-Claude-Code-Parent-Agent-Id (a top-level agent, spawned by the
+	// session's main agent), the run's system prompt, a first message of
+	// SubagentTokens of its own, then SubagentTurns-1 follow-ups of
+	// TurnTokens; it sends its first turn at once and pauses ThinkTime
+	// before the others.
+	Subagents      int
+	SubagentTurns  int
+	SubagentEvery  int
+	SubagentTokens int
+
+	// CompactionEvery compacts a conversation after that many turns of its
+	// current prefix (0: never), while turns remain: one summarising
+	// request (the whole history plus a summarise instruction, asking for
+	// CompactionSummaryTokens), then the conversation goes on from a new
+	// prefix, the system prompt and one user message holding the summary
+	// and the next turn's text. The summarising request is an extra
+	// request: it does not count among Turns. With CompactionHints (and an
+	// ID), the summarising request carries X-Claude-Code-Compaction and the
+	// first request after it X-Claude-Code-Context-Compacted, as Claude
+	// Code does with CLAUDE_CODE_GATEWAY_HINT_HEADERS=1.
+	CompactionEvery         int
+	CompactionSummaryTokens int
+	CompactionHints         bool
 }
 
 // DefaultConfig returns the seed's workload: a 3.5k-token system prompt, a
@@ -115,6 +151,12 @@ func DefaultConfig() Config {
 		Model:              "Qwen/Qwen3-4B-Instruct-2507",
 		SessionHeader:      DefaultSessionHeader,
 		API:                APIAnthropic,
+
+		SubagentTurns:           3,
+		SubagentEvery:           3,
+		SubagentTokens:          1000,
+		CompactionSummaryTokens: 1024,
+		CompactionHints:         true,
 	}
 }
 
@@ -152,6 +194,15 @@ func (c Config) Validate() error {
 	if c.ThinkTime < 0 || c.ThinkSpread < 0 || c.ThinkSpread > 1 {
 		errs = append(errs, fmt.Errorf("think time must not be negative and its spread in [0, 1], got %v and %g", c.ThinkTime, c.ThinkSpread))
 	}
+	if c.Subagents < 0 || c.CompactionEvery < 0 {
+		errs = append(errs, fmt.Errorf("sub-agents and compaction-every must not be negative, got %d and %d", c.Subagents, c.CompactionEvery))
+	}
+	if c.Subagents > 0 && (c.SubagentTurns < 1 || c.SubagentEvery < 1 || c.SubagentTokens < 1) {
+		errs = append(errs, fmt.Errorf("with sub-agents, their turns, spacing and first message tokens must be at least 1, got %d, %d and %d", c.SubagentTurns, c.SubagentEvery, c.SubagentTokens))
+	}
+	if c.CompactionEvery > 0 && c.CompactionSummaryTokens < 1 {
+		errs = append(errs, fmt.Errorf("with compaction, summary tokens must be at least 1, got %d", c.CompactionSummaryTokens))
+	}
 	if c.API != APIAnthropic && c.API != APIOpenAI {
 		errs = append(errs, fmt.Errorf("api must be %q or %q, got %q", APIAnthropic, APIOpenAI, c.API))
 	}
@@ -180,6 +231,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Model, "model", c.Model, "model name sent in requests")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "header carrying the session ID (empty: none)")
 	fs.StringVar((*string)(&c.API), "api", string(c.API), "wire protocol: anthropic or openai")
+	fs.BoolVar(&c.NoSessionID, "no-session-id", c.NoSessionID, "send no conversation ID anywhere (no header, no metadata.user_id), as header-less clients do")
+	fs.IntVar(&c.Subagents, "subagents", c.Subagents, "sub-agents spawned in parallel after every --subagent-every-th turn of a session (0: none)")
+	fs.IntVar(&c.SubagentTurns, "subagent-turns", c.SubagentTurns, "turns of each sub-agent")
+	fs.IntVar(&c.SubagentEvery, "subagent-every", c.SubagentEvery, "a session spawns its sub-agents after every this-many turns (its last excepted)")
+	fs.IntVar(&c.SubagentTokens, "subagent-tokens", c.SubagentTokens, "tokens in a sub-agent's own first message")
+	fs.IntVar(&c.CompactionEvery, "compaction-every", c.CompactionEvery, "compact a conversation after this many turns of its current prefix (0: never)")
+	fs.IntVar(&c.CompactionSummaryTokens, "compaction-summary-tokens", c.CompactionSummaryTokens, "max_tokens of the summarising request")
+	fs.BoolVar(&c.CompactionHints, "compaction-hints", c.CompactionHints, "send Claude Code's compaction hint headers (CLAUDE_CODE_GATEWAY_HINT_HEADERS=1)")
 }
 
 // LevelSeed is the workload seed of one concurrency level of a benchmark

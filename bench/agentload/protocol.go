@@ -16,6 +16,16 @@ import (
 // anthropicVersion is the API version Claude Code announces.
 const anthropicVersion = "2023-06-01"
 
+// Claude Code's sub-agent and compaction hint headers. A sub-agent that
+// another sub-agent spawned would also send X-Claude-Code-Parent-Agent-Id;
+// the load generator's sub-agents are all spawned by the session's main
+// agent, so they send none.
+const (
+	AgentHeader      = "X-Claude-Code-Agent-Id"
+	CompactionHeader = "X-Claude-Code-Compaction"
+	CompactedHeader  = "X-Claude-Code-Context-Compacted"
+)
+
 // errStreamTruncated means the body ended before the protocol's final event.
 var errStreamTruncated = errors.New("stream ended before its final event")
 
@@ -81,8 +91,22 @@ func newRequest(ctx context.Context, baseURL string, cfg Config, s *Session, t T
 		req.Header.Set("anthropic-version", anthropicVersion)
 		req.Header.Set("x-app", "cli")
 	}
+	if cfg.NoSessionID {
+		return req, nil
+	}
 	if cfg.SessionHeader != "" {
 		req.Header.Set(cfg.SessionHeader, s.ID)
+	}
+	if s.AgentID != "" {
+		req.Header.Set(AgentHeader, s.AgentID)
+	}
+	if cfg.CompactionHints {
+		switch t.Kind {
+		case TurnCompacting:
+			req.Header.Set(CompactionHeader, "auto")
+		case TurnCompacted:
+			req.Header.Set(CompactedHeader, "1")
+		}
 	}
 	return req, nil
 }
@@ -111,7 +135,7 @@ type anthropicRequest struct {
 	MaxTokens int                `json:"max_tokens"`
 	System    []anthropicBlock   `json:"system"`
 	Messages  []anthropicMessage `json:"messages"`
-	Metadata  anthropicMetadata  `json:"metadata"`
+	Metadata  *anthropicMetadata `json:"metadata,omitempty"`
 	Stream    bool               `json:"stream"`
 }
 
@@ -120,20 +144,23 @@ type anthropicMetadata struct {
 }
 
 // anthropicBody shapes a turn as Claude Code does: system and content as
-// lists of text blocks, identity in metadata.user_id.
+// lists of text blocks, identity in metadata.user_id (none without an ID).
 func anthropicBody(cfg Config, s *Session, t Turn) anthropicRequest {
 	messages := make([]anthropicMessage, len(t.Messages))
 	for i, m := range t.Messages {
 		messages[i] = anthropicMessage{Role: m.Role, Content: []anthropicBlock{{Type: "text", Text: m.Content}}}
 	}
-	return anthropicRequest{
+	req := anthropicRequest{
 		Model:     cfg.Model,
 		MaxTokens: t.MaxTokens,
 		System:    []anthropicBlock{{Type: "text", Text: t.System}},
 		Messages:  messages,
-		Metadata:  anthropicMetadata{UserID: s.UserID},
 		Stream:    true,
 	}
+	if !cfg.NoSessionID {
+		req.Metadata = &anthropicMetadata{UserID: s.UserID}
+	}
+	return req
 }
 
 // anthropicUsage fields are pointers because servers send subsets: the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -20,9 +21,19 @@ type Result struct {
 	// SessionID and SessionIndex identify the session (see Session).
 	SessionID    string
 	SessionIndex int
-	// Turn is the turn's index in its session; LastTurn marks the final one.
+	// Turn is the request's index in its conversation (see Turn.Index);
+	// LastTurn marks the session's final turn.
 	Turn     int
 	LastTurn bool
+	// Agent is a sub-agent's AgentID ("" for the session's main agent);
+	// Segment counts the conversation's compactions before this request;
+	// Kind says whether it summarised its conversation or was the first on
+	// a summarised prefix; Final marks the last request of its conversation
+	// (see Conversation).
+	Agent   string
+	Segment int
+	Kind    TurnKind
+	Final   bool
 	// Start is when the request was sent, FirstToken when the first text
 	// delta arrived (zero if none did), End when the response finished or
 	// was abandoned.
@@ -50,6 +61,38 @@ type Result struct {
 	Cut bool
 	// Err is why the request failed; nil on success and on cut requests.
 	Err error
+}
+
+// Conversation names the conversation the request belongs to, as a
+// replica's cache sees it: the session's, or a sub-agent's within it, and a
+// compacted conversation's new prefix apart from its old one. Without
+// sub-agents and compaction it is SessionID.
+func (r Result) Conversation() string {
+	return ConversationName(r.SessionID, r.Agent, r.Segment)
+}
+
+// ConversationName is Result.Conversation for a session ID, an agent ID
+// ("" for the main agent) and a compaction count.
+func ConversationName(session, agent string, segment int) string {
+	name := session
+	if agent != "" {
+		name += "/" + agent
+	}
+	if segment > 0 {
+		name += "#" + strconv.Itoa(segment)
+	}
+	return name
+}
+
+type conversationKey struct{}
+
+// ConversationOf returns the Conversation name of the request whose context
+// ctx is ("" for one the Runner did not send), so that an http.RoundTripper
+// placed in the Runner's Client can tell conversations apart without any ID
+// on the wire.
+func ConversationOf(ctx context.Context) string {
+	name, _ := ctx.Value(conversationKey{}).(string)
+	return name
 }
 
 // TTFB returns the client-side time to the first streamed token, and false
@@ -181,13 +224,42 @@ func (r *Runner) loop(ctx context.Context, client *http.Client, record func(Resu
 			session = nil // a failed session is abandoned so the slot keeps working
 		default:
 			session.Reply(reply)
+			if turn.Spawns > 0 {
+				r.runAgents(ctx, client, session.Spawn(), record)
+			}
 		}
 	}
 }
 
+// runAgents runs sub-agents in parallel until each is done, fails or ctx
+// ends: the spawning agent waits for them all.
+func (r *Runner) runAgents(ctx context.Context, client *http.Client, agents []*Session, record func(Result)) {
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				turn, ok := a.Next()
+				if !ok || !sleep(ctx, turn.Think) {
+					return
+				}
+				res, reply := r.send(ctx, client, a, turn)
+				record(res)
+				if !res.OK() {
+					return // a failed sub-agent is abandoned; its parent goes on
+				}
+				a.Reply(reply)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // send makes one request and returns its Result and the reply text.
 func (r *Runner) send(ctx context.Context, client *http.Client, s *Session, t Turn) (Result, string) {
-	res := Result{SessionID: s.ID, SessionIndex: s.Index, Turn: t.Index, LastTurn: t.Last, Start: time.Now()}
+	res := Result{
+		SessionID: s.ID, SessionIndex: s.Index, Turn: t.Index, LastTurn: t.Last,
+		Agent: s.AgentID, Segment: t.Segment, Kind: t.Kind, Final: t.Final, Start: time.Now(),
+	}
 	out, err := r.exchange(ctx, client, s, t, &res)
 	res.End = time.Now()
 	res.FirstToken, res.OutputTokens = out.firstToken, out.outputTokens
@@ -206,6 +278,7 @@ func (r *Runner) send(ctx context.Context, client *http.Client, s *Session, t Tu
 // fields of res (status, engine).
 func (r *Runner) exchange(ctx context.Context, client *http.Client, s *Session, t Turn, res *Result) (streamOutcome, error) {
 	cfg := r.Generator.Config()
+	ctx = context.WithValue(ctx, conversationKey{}, res.Conversation())
 	req, err := newRequest(ctx, r.BaseURL, cfg, s, t)
 	if err != nil {
 		return streamOutcome{}, err

@@ -49,9 +49,11 @@ type Summary struct {
 	CachedTokens  int
 	CachedPercent float64
 	CacheReports  int
-	// StayedPercent averages, over sessions with at least two served
-	// requests, the share of a session's requests served by the engine that
-	// served its first one (its pinned replica). StayedSessions counts them.
+	// StayedPercent averages, over conversations (Result.Conversation:
+	// sessions, their sub-agents, the prefixes of a compacted one) with at
+	// least two served requests, the share of a conversation's requests
+	// served by the engine that served its first one (its pinned replica).
+	// StayedSessions counts them.
 	StayedPercent  float64
 	StayedSessions int
 }
@@ -89,7 +91,7 @@ func Summarize(results []Result, from, to time.Time) Summary {
 			s.CacheReports++
 		}
 		if r.Engine != "" {
-			bySession[r.SessionID] = append(bySession[r.SessionID], r)
+			bySession[r.Conversation()] = append(bySession[r.Conversation()], r)
 		}
 	}
 	if hours := s.Window.Hours(); hours > 0 {

@@ -74,7 +74,7 @@ func (b *boundRecorder) record(req *http.Request) error {
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	if prompt, err := server.PromptTokens(req.URL.Path, body); err == nil {
-		b.arrive(req.Header.Get(b.header), prompt)
+		b.arrive(b.conversation(req), prompt)
 	}
 	return nil
 }
@@ -95,15 +95,24 @@ func (b *boundRecorder) arrive(session string, prompt []uint32) {
 	}
 }
 
+// conversation names the request's conversation: as the load generator
+// knows it (which needs no ID on the wire), else by the session header.
+func (b *boundRecorder) conversation(req *http.Request) string {
+	if c := agentload.ConversationOf(req.Context()); c != "" {
+		return c
+	}
+	return req.Header.Get(b.header)
+}
+
 // onResult notes how long a turn's reply was.
 func (b *boundRecorder) onResult(r agentload.Result) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if r.LastTurn || r.Err != nil {
-		delete(b.last, r.SessionID)
+	if r.LastTurn || r.Final || r.Err != nil {
+		delete(b.last, r.Conversation())
 		return
 	}
-	if t := b.last[r.SessionID]; t != nil {
+	if t := b.last[r.Conversation()]; t != nil {
 		t.output = r.OutputTokens
 	}
 }

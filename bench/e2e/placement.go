@@ -30,10 +30,10 @@ type Placement struct {
 // Place computes the Placement of the results over [from, to]; replicas
 // are the engine names ("r0/0") a request may be served by.
 func Place(results []agentload.Result, from, to time.Time, replicas []string) Placement {
-	home := map[string]string{} // conversation → engine of its first turn
+	home := map[string]string{} // conversation (Result.Conversation) → engine of its first turn
 	for _, r := range results {
 		if r.Turn == 0 && r.Engine != "" && r.OK() {
-			home[r.SessionID] = r.Engine
+			home[r.Conversation()] = r.Engine
 		}
 	}
 	p := Placement{PerReplica: map[string]int{}}
@@ -52,7 +52,7 @@ func Place(results []agentload.Result, from, to time.Time, replicas []string) Pl
 			}
 			continue
 		}
-		h, ok := home[r.SessionID]
+		h, ok := home[r.Conversation()]
 		if !ok || r.End.Before(from) || r.End.After(to) {
 			continue
 		}

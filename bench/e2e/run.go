@@ -6,11 +6,13 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -58,6 +60,10 @@ type Options struct {
 	// (or empty) or PinStoreRedis.
 	Instances int
 	PinStore  string
+	// CompactionInterval is warden's compaction_interval in simulated time
+	// (divided by the time scale like its other times); 0 leaves the
+	// product's default, one minute.
+	CompactionInterval time.Duration
 	// SimArgs are extra vllmsim flags (profile overrides).
 	SimArgs []string
 	// WorkDir receives the binaries and the admin JSON snapshots.
@@ -70,10 +76,22 @@ type Options struct {
 
 // Policies a run can compare, by topology. In ranks mode "off" and "vllm"
 // both leave the engine to vLLM's balancer (off through warden, which then
-// sets no rank; vllm without warden).
+// sets no rank; vllm without warden). The variants of warden (wardenVariants)
+// apply to both and are not run by default.
 var policiesFor = map[string][]string{
 	TopologyServers: {"warden", "off", "header", "least_conn", "round_robin"},
 	TopologyRanks:   {"warden", "off", "vllm"},
+}
+
+// wardenVariants are warden with one model option changed, by policy name:
+// "warden-nosubagents" pins a session's sub-agents with the session (one
+// pin per session, as before sub-agents were told apart),
+// "warden-nocompaction" ignores compaction hints (a compacted conversation
+// keeps its pin), "warden-nofingerprint" keys no header-less conversation.
+var wardenVariants = map[string]string{
+	"warden-nosubagents":   "subagents off",
+	"warden-nocompaction":  "compaction off",
+	"warden-nofingerprint": "fingerprint off",
 }
 
 // DefaultPolicies are the policies a topology compares.
@@ -81,9 +99,19 @@ func DefaultPolicies(topology string) []string {
 	return slices.Clone(policiesFor[topology])
 }
 
+// Policies lists every policy a topology accepts: its defaults, then
+// warden's variants.
+func Policies(topology string) []string {
+	out := DefaultPolicies(topology)
+	if len(out) == 0 {
+		return nil
+	}
+	return append(out, slices.Sorted(maps.Keys(wardenVariants))...)
+}
+
 func (o *Options) check() error {
-	allowed, ok := policiesFor[o.Topology]
-	if !ok {
+	allowed := Policies(o.Topology)
+	if allowed == nil {
 		return fmt.Errorf("unknown topology %q: servers or ranks", o.Topology)
 	}
 	for _, p := range o.Policies {
@@ -94,8 +122,8 @@ func (o *Options) check() error {
 	if err := (ClusterOptions{Instances: o.instances(), PinStore: o.PinStore}).check(); err != nil {
 		return err
 	}
-	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.BlockSize < 1 || len(o.Sessions) == 0 {
-		return errors.New("replicas, time scale, duration, block size and sessions must be positive, warm-up not negative")
+	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.BlockSize < 1 || len(o.Sessions) == 0 || o.CompactionInterval < 0 {
+		return errors.New("replicas, time scale, duration, block size and sessions must be positive, warm-up and compaction interval not negative")
 	}
 	return o.Workload.Validate()
 }
@@ -158,7 +186,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			return rows, err
 		}
 		if usesWarden(policy) {
-			if err := cluster.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": policy == "warden"}); err != nil {
+			if err := cluster.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": policy != "off"}); err != nil {
 				return rows, err
 			}
 		}
@@ -190,7 +218,10 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	return rows, nil
 }
 
-func usesWarden(policy string) bool { return policy == "warden" || policy == "off" }
+func usesWarden(policy string) bool {
+	_, variant := wardenVariants[policy]
+	return policy == "warden" || policy == "off" || variant
+}
 
 // caddyfile is an instance's Caddy config for a policy. Times inside warden
 // (metrics interval, active window) are divided by the time scale like the
@@ -205,6 +236,11 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 	if o.Topology == TopologyRanks {
 		model = fmt.Sprintf("server %s ranks %d", upstreams[0], o.Replicas)
 	}
+	compactionInterval := cmp.Or(o.CompactionInterval, time.Minute)
+	options := ""
+	if v := wardenVariants[policy]; v != "" {
+		options = "\t\t\t" + v + "\n"
+	}
 	global := fmt.Sprintf(`	warden {
 %s		model m {
 			%s
@@ -212,9 +248,14 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 			metrics_interval %s
 			active_window %s
 			session_ttl %s
-		}
+			compaction_interval %s
+%s		}
 	}
-`, c.Global(), model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute))
+`, c.Global(), model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute), scaled(compactionInterval), options)
+	lbPolicy := policy
+	if usesWarden(policy) {
+		lbPolicy = "warden"
+	}
 	lb := map[string]string{
 		"warden":      "lb_policy warden m",
 		"off":         "lb_policy warden m",
@@ -222,7 +263,7 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 		"least_conn":  "lb_policy least_conn",
 		"round_robin": "lb_policy round_robin",
 		"vllm":        "", // one upstream: vLLM's own balancer picks the engine
-	}[policy]
+	}[lbPolicy]
 	return fmt.Sprintf(`{
 	admin %s
 	default_bind 127.0.0.1

@@ -28,6 +28,11 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if w := c.workload; w.NoSessionID || w.Subagents > 0 || w.CompactionEvery > 0 {
+		// The lab keys each turn by its session and plays only a session's
+		// main line: these modes need the real path.
+		return fmt.Errorf("--no-session-id, --subagents and --compaction-every need wardenbench run")
+	}
 	cfg := lab.DefaultConfig()
 	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
 	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warm, cfg.Warmup = c.metricsIv, c.spill, *warm, c.warmup

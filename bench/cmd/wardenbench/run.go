@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 
@@ -32,6 +33,9 @@ type runOptions struct {
 	Instances int
 	PinStore  string
 	Compare   bool
+	// CompactionInterval is warden's compaction_interval, simulated time
+	// (0: the product's default).
+	CompactionInterval time.Duration
 }
 
 // setup is one layout of the Caddy side.
@@ -72,6 +76,7 @@ func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&opts.OutDir, "out", "wardenbench-run", "directory for the binaries and the admin API's JSON")
 	fs.IntVar(&opts.Instances, "instances", 1, "identically configured Caddy instances; with more than one, a front Caddy sends each request to one at random")
 	fs.StringVar(&opts.PinStore, "pin-store", e2e.PinStoreNone, "what the instances share: none, or redis (a private redis-server the run starts)")
+	fs.DurationVar(&opts.CompactionInterval, "compaction-interval", 0, "warden's compaction_interval in simulated time (0: the product's default, 1m)")
 	fs.BoolVar(&opts.Compare, "compare", true, "with --instances > 1, measure one instance and (with a pin store) the instances without it first, and compare")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -134,7 +139,9 @@ func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar
 		Instances:  setup.instances,
 		PinStore:   setup.pinStore,
 		SimArgs:    opts.profile.Args(),
-		WorkDir:    opts.OutDir,
+
+		CompactionInterval: opts.CompactionInterval,
+		WorkDir:            opts.OutDir,
 		Progress: func(_ string, _ int, done bool) {
 			if done {
 				bar.Add(1)
