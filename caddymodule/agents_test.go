@@ -317,7 +317,7 @@ func TestCompactionPlacesAnew(t *testing.T) {
 	for _, fl := range flows {
 		t.Run(fl.name, func(t *testing.T) {
 			backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tcompaction_interval 1s", proxyOptions: observedProxy}, addresses(backends)...)
+			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tcompaction on\n\t\t\tcompaction_interval 1s", proxyOptions: observedProxy}, addresses(backends)...)
 			home := f.agentTurn(t, "conv", fl.turn(0))
 			time.Sleep(1100 * time.Millisecond)
 			// Load home: a long request of the conversation itself in flight.

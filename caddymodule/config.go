@@ -47,7 +47,8 @@ type ModelConfig struct {
 	// placed first beside its parent (default on).
 	Subagents *bool `json:"subagents,omitempty"`
 	// Compaction places a conversation anew after the agent says it
-	// compacted it (default on).
+	// compacted it (default off: measured, it bought no cache and cost
+	// balance; docs/agents.md).
 	Compaction *bool `json:"compaction,omitempty"`
 	// CompactionInterval is the least time between two placements of a
 	// conversation for compaction (default 1m): hints sooner are ignored.
@@ -242,7 +243,7 @@ func (c *ModelConfig) pinSnapshotInterval() time.Duration {
 }
 
 func (c *ModelConfig) newRules() *sessionkey.Rules {
-	return sessionkey.NewRules(c.SessionHeaders, isOn(c.Subagents), isOn(c.Compaction))
+	return sessionkey.NewRules(c.SessionHeaders, isOn(c.Subagents), c.Compaction != nil && *c.Compaction)
 }
 
 // keyRules are the model's session header rules.

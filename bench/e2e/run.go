@@ -86,11 +86,12 @@ var policiesFor = map[string][]string{
 // wardenVariants are warden with one model option changed, by policy name:
 // "warden-nosubagents" pins a session's sub-agents with the session (one
 // pin per session, as before sub-agents were told apart),
-// "warden-nocompaction" ignores compaction hints (a compacted conversation
-// keeps its pin), "warden-nofingerprint" keys no header-less conversation.
+// "warden-compaction" places a conversation anew after a compaction hint
+// (off by default: a compacted conversation keeps its pin),
+// "warden-nofingerprint" keys no header-less conversation.
 var wardenVariants = map[string]string{
 	"warden-nosubagents":   "subagents off",
-	"warden-nocompaction":  "compaction off",
+	"warden-compaction":    "compaction on",
 	"warden-nofingerprint": "fingerprint off",
 }
 

@@ -16,7 +16,7 @@ func TestWardenVariantsConfig(t *testing.T) {
 	inst := &Instance{Site: "127.0.0.1:3", Admin: "127.0.0.1:4"}
 	for policy, option := range map[string]string{
 		"warden": "", "off": "", "warden-nosubagents": "subagents off",
-		"warden-nocompaction": "compaction off", "warden-nofingerprint": "fingerprint off",
+		"warden-compaction": "compaction on", "warden-nofingerprint": "fingerprint off",
 	} {
 		cfg := caddyfile(o, policy, sims, &Cluster{}, inst)
 		if !strings.Contains(cfg, "lb_policy warden m") || !usesWarden(policy) {
@@ -35,7 +35,7 @@ func TestWardenVariantsConfig(t *testing.T) {
 	if cfg := caddyfile(o, "warden", sims, &Cluster{}, inst); !strings.Contains(cfg, "compaction_interval 2s") {
 		t.Errorf("compaction interval not scaled:\n%s", cfg)
 	}
-	o.Policies = []string{"warden-nosubagents", "warden-nocompaction"}
+	o.Policies = []string{"warden-nosubagents", "warden-compaction"}
 	o.Sessions, o.Duration, o.BlockSize = []int{1}, time.Second, 16
 	if err := o.check(); err != nil {
 		t.Error(err)
