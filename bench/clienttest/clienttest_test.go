@@ -84,7 +84,7 @@ func testClient(t *testing.T, c client) {
 		t.Errorf("conversation B: %v", errB)
 	}
 	if errA == nil && errB == nil && engineA == engineB {
-		t.Errorf("conversations A and B both on %s; want them spread over the two replicas%s", engineA, sharedLead(a[0].reqs[0], b[0].reqs[0]))
+		t.Errorf("conversations A and B both on %s; want them on different replicas%s", engineA, sharedLead(a[0].reqs[0], b[0].reqs[0]))
 	}
 	if !t.Failed() {
 		t.Logf("%s %s: conversation A (3 turns) on %s, conversation B (2 turns) on %s", c.pkg, version, engineA, engineB)

@@ -1,7 +1,7 @@
 // Package clienttest drives the real coding-agent CLIs (Claude Code, Codex, OpenCode and
 // Qwen Code, pinned in package.json and package-lock.json, installed by `npm ci` here)
 // non-interactively through Caddy with `lb_policy warden` to simulated vLLM replicas, and
-// checks that each conversation stays on one replica while two conversations spread over
-// two. Its tests skip where the CLIs are not installed, and fail under CI (CI set), where
+// checks that each conversation stays on one replica while two conversations land on
+// different ones. Its tests skip where the CLIs are not installed, and fail under CI (CI set), where
 // .ci/run installs them.
 package clienttest

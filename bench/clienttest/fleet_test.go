@@ -22,7 +22,11 @@ import (
 // model is the name every client asks for, the simulators serve and warden routes.
 const model = "qwen3"
 
-const replicas = 2
+// replicas is three, not two: a client may open conversations of its own
+// beside the user's (Qwen Code's memory extraction, one per conversation),
+// which count as load; with two replicas the user's second conversation
+// could then tie with the first one's replica and land there by load alone.
+const replicas = 3
 
 // caddyBin is Caddy with the plugin, built once for the package from the root module's
 // cmd/caddy.
