@@ -28,10 +28,13 @@ type request struct {
 	// instance is the Caddy instance that answered (e2e.InstanceHeader:
 	// "i0"), empty when none did.
 	instance string
-	status   int
-	ok       bool   // a complete 200 stream
-	cut      bool   // ended by the end of the run: neither success nor failure
-	err      string // why it failed
+	// outcome is warden's routing outcome (outcomeHeader), empty when no
+	// response arrived.
+	outcome string
+	status  int
+	ok      bool   // a complete 200 stream
+	cut     bool   // ended by the end of the run: neither success nor failure
+	err     string // why it failed
 }
 
 func (r request) failed() bool { return !r.ok && !r.cut }
@@ -111,7 +114,8 @@ type pins struct {
 // (or its first in the window). In the window, a request served elsewhere
 // is a lost pin, unless it is the conversation's first move off a faulted
 // server after the fault began. Requests overlapping an exempt window
-// (affinity off) are skipped: routing by load is their purpose.
+// (affinity off) are skipped: routing by load is their purpose; so are
+// spilled ones: warden sent that one request elsewhere and kept the pin.
 func followPins(reqs []request, w window, fault pinFault, exempt []window) pins {
 	byConv := map[string][]request{}
 	for _, r := range reqs {
@@ -126,9 +130,13 @@ func followPins(reqs []request, w window, fault pinFault, exempt []window) pins 
 		var path []string
 		for i, r := range convReqs {
 			if i == 0 || r.server() != convReqs[i-1].server() {
-				path = append(path, fmt.Sprintf("%s@%v", r.server(), r.start.Sub(w.from).Round(time.Millisecond)))
+				step := fmt.Sprintf("%s@%v", r.server(), r.start.Sub(w.from).Round(time.Millisecond))
+				if r.outcome != "" && r.outcome != "sticky" {
+					step += "(" + r.outcome + ")"
+				}
+				path = append(path, step)
 			}
-			if slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+			if r.outcome == "spilled" || slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
 				continue
 			}
 			server := r.server()

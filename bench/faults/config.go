@@ -44,6 +44,11 @@ func (c caddyConfig) forInstance(cl *e2e.Cluster, inst *e2e.Instance) caddyConfi
 	return c
 }
 
+// outcomeHeader carries warden's routing outcome (sticky, spilled, ...) of
+// each request back to the load, so that a spill, which leaves the pin in
+// place, is not read as a lost pin.
+const outcomeHeader = "X-Warden-Outcome"
+
 // caddyfile is the config with a spill_threshold ("auto" or a number).
 // Warden's and Caddy's times are divided by the time scale, like the
 // simulators'.
@@ -66,6 +71,7 @@ func (c caddyConfig) caddyfile(spill string) string {
 http://%s {
 %s	reverse_proxy %s {
 		lb_policy warden m
+		header_down %s {http.vars.warden.outcome}
 		lb_retries %d
 		lb_try_duration %s
 		lb_try_interval %s
@@ -78,7 +84,7 @@ http://%s {
 	}
 }
 `, c.admin, c.global, replicas, maxNumSeqs, spill, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute),
-		c.site, c.site2, replicas, retrySettings.retries, scaled(retrySettings.tryDuration), scaled(retrySettings.tryInterval),
+		c.site, c.site2, replicas, outcomeHeader, retrySettings.retries, scaled(retrySettings.tryDuration), scaled(retrySettings.tryInterval),
 		scaled(retrySettings.failDuration), retrySettings.requestBuffers)
 }
 

@@ -44,6 +44,7 @@ func fromResult(res agentload.Result) request {
 		end:      res.End,
 		engine:   res.Engine,
 		instance: res.Header.Get(e2e.InstanceHeader),
+		outcome:  res.Header.Get(outcomeHeader),
 		status:   res.Status,
 		ok:       res.OK(),
 		cut:      res.Cut,
@@ -199,7 +200,7 @@ func (l *load) send(ctx context.Context, conv string, o origin, turn int) {
 	}
 	defer resp.Body.Close()
 	r.status, r.engine = resp.StatusCode, resp.Header.Get(agentload.EngineHeader)
-	r.instance = resp.Header.Get(e2e.InstanceHeader)
+	r.instance, r.outcome = resp.Header.Get(e2e.InstanceHeader), resp.Header.Get(outcomeHeader)
 	stream, err := io.ReadAll(resp.Body)
 	switch {
 	case err != nil:
