@@ -296,19 +296,15 @@ func (v *View) pinLocally(req Request, key uint64, now int64, compacted bool) (d
 		e.pin.sticky.Add(1)
 		return Decision{rep: e.pin, Outcome: Sticky}, ""
 	}
-	var s *replicaState
-	if compacted && e != nil {
-		// Placed like a new conversation: its own activity does not weigh
-		// on the replica it leaves.
-		if e.active {
-			e.pin.active.Add(-1)
-		}
-		s = v.leastLoaded(req.Usable, key, true)
-		if e.active {
-			e.pin.active.Add(1)
-		}
-	} else {
-		s = v.leastLoaded(req.Usable, key, true)
+	// A compacted conversation is placed like a new one: its own activity
+	// does not weigh on the replica it leaves.
+	uncounted := compacted && e != nil && e.active
+	if uncounted {
+		e.pin.active.Add(-1)
+	}
+	s := v.leastLoaded(req.Usable, key, true)
+	if uncounted {
+		e.pin.active.Add(1)
 	}
 	if s == nil {
 		r.noReplica.Add(1)
