@@ -82,7 +82,8 @@ type caddySetup struct {
 // if the test failed.
 func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *syncBuffer) {
 	t.Helper()
-	admin, site := testnet.Addr(t), testnet.Addr(t)
+	ports := testnet.Addrs(t, 2)
+	admin, site := ports[0], ports[1]
 	block := strings.NewReplacer("{replicas}", strings.Join(addrs, " "), "{server}", addrs[0]).Replace(setup.modelBlock)
 	upstreams := strings.Join(addrs, " ")
 	if setup.dynamic {

@@ -87,7 +87,8 @@ func (f *supervisedFleet) config(spill string, third string) string {
 
 func startSupervised(t *testing.T) *supervisedFleet {
 	sim := vllmsimBinary(t)
-	admin, site := testnet.Addr(t), testnet.Addr(t)
+	ports := testnet.Addrs(t, 2)
+	admin, site := ports[0], ports[1]
 	f := &supervisedFleet{template: fmt.Sprintf(supervisedCaddyfile, admin, sim, strconv.Itoa(testnet.Port(t)), strconv.Itoa(testnet.Port(t)), site)}
 	p, err := caddyproc.Start(caddyBin, f.config("8", ""), admin, nil)
 	if err != nil {

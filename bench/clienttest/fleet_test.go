@@ -91,7 +91,8 @@ func startFleet(t *testing.T) *fleet {
 		t.Cleanup(func() { _ = sim.Close() })
 		addrs = append(addrs, sim.Addr())
 	}
-	admin, site := testnet.Addr(t), testnet.Addr(t)
+	ports := testnet.Addrs(t, 2)
+	admin, site := ports[0], ports[1]
 	caddyfile := fmt.Sprintf(`{
 	admin %[1]s
 	default_bind 127.0.0.1

@@ -87,7 +87,8 @@ func startFleet(t *testing.T) *fleet {
 	}
 	// The pins are shared through Redis, so that the panel shows the store.
 	redis := redistest.Start(t)
-	admin, site, panelAddr := testnet.Addr(t), testnet.Addr(t), testnet.Addr(t)
+	ports := testnet.Addrs(t, 3)
+	admin, site, panelAddr := ports[0], ports[1], ports[2]
 	caddyfile := fmt.Sprintf(`{
 	admin %[1]s
 	default_bind 127.0.0.1

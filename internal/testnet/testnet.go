@@ -12,12 +12,26 @@ import (
 // Addr returns a loopback address whose port was free a moment ago.
 func Addr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return Addrs(t, 1)[0]
+}
+
+// Addrs returns n loopback addresses whose ports were free a moment ago,
+// all different: each is held until all are taken. (Taken one at a time, a
+// port closed after the first pick can come back as the second; Caddy
+// listens with SO_REUSEPORT, so an admin and a site on one port would
+// share connections.)
+func Addrs(t testing.TB, n int) []string {
+	t.Helper()
+	out := make([]string, n)
+	for i := range out {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		out[i] = ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return out
 }
 
 // Port returns a loopback port that was free a moment ago.
