@@ -15,23 +15,36 @@ func present(c *common, rows []report.Row, stdout io.Writer) error {
 	if err := report.PrintTable(stdout, rows); err != nil {
 		return err
 	}
-	if c.jsonPath != "" {
-		if err := report.WriteJSON(c.jsonPath, rows); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "\nJSON: %s\n", c.jsonPath)
+	if err := writeJSON(c, rows, stdout); err != nil {
+		return err
 	}
 	if c.plotsDir != "" {
 		paths, err := report.WritePlots(c.plotsDir, rows)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout, "\nPlots:")
-		for _, p := range paths {
-			fmt.Fprintf(stdout, "  %s\n", p)
-		}
+		printPaths(stdout, "Plots", paths)
 	}
 	return nil
+}
+
+// writeJSON writes rows to --json, if given.
+func writeJSON(c *common, rows []report.Row, stdout io.Writer) error {
+	if c.jsonPath == "" {
+		return nil
+	}
+	if err := report.WriteJSON(c.jsonPath, rows); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nJSON: %s\n", c.jsonPath)
+	return nil
+}
+
+func printPaths(stdout io.Writer, what string, paths []string) {
+	fmt.Fprintf(stdout, "\n%s:\n", what)
+	for _, p := range paths {
+		fmt.Fprintf(stdout, "  %s\n", p)
+	}
 }
 
 // newProgress returns a progress bar over total steps on stderr, drawn only
