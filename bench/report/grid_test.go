@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"image"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -94,20 +95,25 @@ func TestHeatmapsArePanelsPerReplicaCount(t *testing.T) {
 		t.Fatalf("wrote %v", paths)
 	}
 	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		img, err := png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		if b := img.Bounds(); b.Dx() < 2*b.Dy() {
+		if b := decodePNG(t, p).Bounds(); b.Dx() < 2*b.Dy() {
 			t.Errorf("%s should hold two panels side by side, is %dx%d", p, b.Dx(), b.Dy())
 		}
 	}
 	if _, err := WriteHeatmaps(dir, nil, "warden"); err == nil {
 		t.Error("drew no cells")
 	}
+}
+
+func decodePNG(t *testing.T, path string) image.Image {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return img
 }

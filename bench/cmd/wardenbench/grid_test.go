@@ -11,24 +11,14 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/lab"
-	"github.com/lmwarden/caddy-warden/bench/report"
 )
 
 func TestGridWritesTablesJSONAndHeatmaps(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, plots := filepath.Join(dir, "grid.json"), filepath.Join(dir, "grid")
-	var stdout, stderr bytes.Buffer
-	code := mainWithArgs(context.Background(), []string{"grid",
+	out, rows := runForRows(t, jsonPath, "grid",
 		"--think", "3s", "--sessions", "4", "--replicas", "2", "--variants", "first-2k",
-		"--warmup", "5s", "--duration", "15s", "--seeds", "1,2", "--json", jsonPath, "--plots", plots,
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	rows, err := report.ReadJSON(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--warmup", "5s", "--duration", "15s", "--seeds", "1,2", "--plots", plots)
 	// The grid's cell, then the variant and the base workload at the variants' cell.
 	type cell struct {
 		workload string
@@ -54,7 +44,6 @@ func TestGridWritesTablesJSONAndHeatmaps(t *testing.T) {
 	if len(rows) != 3*len(lab.DefaultPolicies)*2 {
 		t.Errorf("%d rows", len(rows))
 	}
-	out := stdout.String()
 	for _, want := range []string{"| default  | 3s    | 2        | 4        | **warden**", "best baseline", "warden ÷ best",
 		"Workload variants at 3s think time, 16 sessions, 4 replicas", "| first-2k", "±"} {
 		if !strings.Contains(out, want) {
