@@ -107,6 +107,8 @@ func (q *eventQueue) Pop() any {
 type slot struct {
 	session *agentload.Session
 	current *request
+	// unhold drops the turn a Holder policy holds, nil when none is held.
+	unhold  func() bool
 	paused  bool // the pending turn's think time has passed
 }
 
@@ -179,6 +181,7 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 		byRequest:  map[*engine.Request]*request{},
 	}
 	out := &outcome{sim: s}
+	env.run = s
 	// The window opens before anything else scheduled at its instant.
 	s.schedule(s.measured, eventMeasure, 0)
 	// Policy tasks first, so that a metrics poll at the start precedes the
@@ -260,7 +263,27 @@ func (s *sim) send(slotIndex int) {
 		},
 	}
 	s.routed++
-	eng, release := s.policy.Pick(Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now})
+	a := Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now}
+	if h, ok := s.policy.(Holder); ok {
+		sl.current = r
+		dispatched := false
+		unhold := h.Hold(a, func(eng int, release func()) {
+			dispatched, sl.unhold = true, nil
+			s.dispatch(r, eng, release)
+		})
+		if !dispatched {
+			sl.unhold = unhold
+		}
+		return
+	}
+	eng, release := s.policy.Pick(a)
+	s.dispatch(r, eng, release)
+}
+
+// dispatch sends a routed turn to its engine.
+func (s *sim) dispatch(r *request, eng int, release func()) {
+	sl := &s.slots[r.slot]
+	sl.current = nil
 	if eng < 0 {
 		s.fail(r, 502, errors.New("no replica available"))
 		return
@@ -272,7 +295,7 @@ func (s *sim) send(slotIndex int) {
 		return
 	}
 	r.result.Engine = s.fleet.addresses[eng]
-	r.boundHit, r.chain = s.fleet.bound.Arrive(prompt)
+	r.boundHit, r.chain = s.fleet.bound.Arrive(r.req.Prompt)
 	sl.current = r
 	s.byRequest[r.req] = r
 	if !s.stepping[eng] {
@@ -338,6 +361,12 @@ func (s *sim) cutInFlight() {
 	for i := range s.slots {
 		r := s.slots[i].current
 		if r == nil {
+			continue
+		}
+		if unhold := s.slots[i].unhold; unhold != nil && unhold() {
+			r.result.End, r.result.Cut, r.result.Status = virtualTime(s.end), true, 200
+			s.results = append(s.results, r.result)
+			s.slots[i].current, s.slots[i].unhold = nil, nil
 			continue
 		}
 		s.fleet.engines[r.engine].Abort(r.req)
