@@ -27,8 +27,8 @@ import (
 
 // Defaults of AdmissionConfig.
 const (
-	DefaultAdmissionFill   = 0.9
-	DefaultAdmissionLinger = 10 * time.Second
+	DefaultAdmissionFill   = 1.2
+	DefaultAdmissionLinger = 6 * time.Second
 	DefaultAdmissionWait   = 5 * time.Minute
 	DefaultAdmissionQueue  = 1024
 )
