@@ -31,6 +31,9 @@ const (
 	DefaultAdmissionLinger = 6 * time.Second
 	DefaultAdmissionWait   = 5 * time.Minute
 	DefaultAdmissionQueue  = 1024
+	// DefaultAdmissionQuantum: half of the seed workload's conversation, the
+	// lab's best tail for the throughput (docs/policy.md#load-control).
+	DefaultAdmissionQuantum = 3
 )
 
 // AdmissionConfig is load control's settings; the zero value is off.
@@ -48,6 +51,11 @@ type AdmissionConfig struct {
 	MaxWait time.Duration
 	// MaxQueue bounds the number of waiting turns; a turn beyond is refused.
 	MaxQueue int
+	// Quantum is how many turns a conversation keeps its residency while
+	// others wait: after that many, it yields at the end of its turn instead
+	// of lingering, and its next turn queues behind them, so that waits are
+	// spread over conversations' turns rather than all on their first.
+	Quantum int
 }
 
 func (c AdmissionConfig) withDefaults() AdmissionConfig {
@@ -62,6 +70,9 @@ func (c AdmissionConfig) withDefaults() AdmissionConfig {
 	}
 	if c.MaxQueue <= 0 {
 		c.MaxQueue = DefaultAdmissionQueue
+	}
+	if c.Quantum <= 0 {
+		c.Quantum = DefaultAdmissionQuantum
 	}
 	return c
 }
@@ -99,6 +110,7 @@ type resident struct {
 	rep       *replicaState
 	tokens    int
 	running   int   // turns admitted and not done
+	turns     int   // turns admitted since it became resident
 	idleSince int64 // when the last turn ended, if running is 0
 }
 
@@ -174,6 +186,9 @@ func (t *Ticket) Done(now time.Time) {
 	t.res.running--
 	if t.res.running == 0 {
 		t.res.idleSince = now.UnixNano()
+		if t.res.turns >= t.view.cfg.Admission.Quantum && len(g.queue) > 0 {
+			t.res.idleSince -= int64(t.view.cfg.Admission.Linger) // yield now
+		}
 	}
 	notify := t.view.expire(now.UnixNano())
 	g.mu.Unlock()
@@ -246,6 +261,7 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 	g.held[rep] += t.tokens - res.tokens
 	res.tokens = t.tokens
 	res.running++
+	res.turns++
 	t.res, t.state = res, Admitted
 	g.admitted++
 }

@@ -152,3 +152,20 @@ func TestAdmissionOffAdmitsEverything(t *testing.T) {
 		t.Fatal("an unkeyed request got a ticket")
 	}
 }
+
+func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 2,
+	}})
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100, nil, t0, nil) }
+	turn("a").Done(t0) // a's first turn: it lingers, nobody waits
+	b := turn("b")
+	mustState(t, b, Waiting)
+	a2 := turn("a")
+	mustState(t, a2, Admitted) // still resident: its second turn goes
+	a2.Done(t0)                // its quantum is used up and b waits: a yields
+	mustState(t, b, Admitted)
+	if a3 := turn("a"); a3.State() != Waiting {
+		t.Fatal("a's third turn did not queue behind b after a yielded")
+	}
+}
