@@ -54,7 +54,8 @@ type AdmissionConfig struct {
 	// Quantum is how many turns a conversation keeps its residency while
 	// others wait: after that many, it yields at the end of its turn instead
 	// of lingering, and its next turn queues behind them, so that waits are
-	// spread over conversations' turns rather than all on their first.
+	// spread over conversations' turns rather than all on their first; 0 is
+	// DefaultAdmissionQuantum, negative never yields.
 	Quantum int
 }
 
@@ -71,7 +72,7 @@ func (c AdmissionConfig) withDefaults() AdmissionConfig {
 	if c.MaxQueue <= 0 {
 		c.MaxQueue = DefaultAdmissionQueue
 	}
-	if c.Quantum <= 0 {
+	if c.Quantum == 0 {
 		c.Quantum = DefaultAdmissionQuantum
 	}
 	return c
@@ -186,7 +187,7 @@ func (t *Ticket) Done(now time.Time) {
 	t.res.running--
 	if t.res.running == 0 {
 		t.res.idleSince = now.UnixNano()
-		if t.res.turns >= t.view.cfg.Admission.Quantum && len(g.queue) > 0 {
+		if q := t.view.cfg.Admission.Quantum; q > 0 && t.res.turns >= q && len(g.queue) > 0 {
 			t.res.idleSince -= int64(t.view.cfg.Admission.Linger) // yield now
 		}
 	}
