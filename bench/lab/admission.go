@@ -6,10 +6,19 @@ import (
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
-// PolicyAdmission is warden with load control (selection.AdmissionConfig):
-// turns of conversations that do not fit in the replicas' caches wait at the
-// proxy.
-const PolicyAdmission = "warden-admission"
+// Warden with load control (selection.AdmissionConfig): turns of
+// conversations that do not fit in the replicas' caches wait at the proxy.
+const (
+	// PolicyAdmission has load control's defaults: the throughput mode.
+	PolicyAdmission = "warden-admission"
+	// PolicyAdmissionGentle lets resident conversations fill twice each
+	// replica's cache and never makes them yield: it holds turns only deep
+	// in overload (docs/policy.md#load-control).
+	PolicyAdmissionGentle = "warden-admission-gentle"
+)
+
+// gentleAdmission is PolicyAdmissionGentle's setting.
+var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}
 
 // admissionPolicy is the warden policy with load control, as Caddy runs it:
 // a turn asks for admission, waits (in virtual time) while its conversation

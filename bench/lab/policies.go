@@ -14,15 +14,16 @@ import (
 
 // policyFactories are the rules the lab can run, by name.
 var policyFactories = map[string]PolicyFactory{
-	PolicyWarden:     newWardenPolicy(true),
-	PolicyOff:        newWardenPolicy(false),
-	PolicyVLLM:       newVLLMPolicy(dplb.V026Dense),
-	PolicyVLLMv026:   newVLLMPolicy(dplb.V026),
-	PolicyVLLMv027:   newVLLMPolicy(dplb.V027),
-	PolicyHeader:     newHeaderPolicy,
-	PolicyLeastConn:  newLeastConnPolicy,
-	PolicyRoundRobin: newRoundRobinPolicy,
-	PolicyAdmission:  newAdmissionPolicy(selection.AdmissionConfig{}),
+	PolicyWarden:          newWardenPolicy(true),
+	PolicyOff:             newWardenPolicy(false),
+	PolicyVLLM:            newVLLMPolicy(dplb.V026Dense),
+	PolicyVLLMv026:        newVLLMPolicy(dplb.V026),
+	PolicyVLLMv027:        newVLLMPolicy(dplb.V027),
+	PolicyHeader:          newHeaderPolicy,
+	PolicyLeastConn:       newLeastConnPolicy,
+	PolicyRoundRobin:      newRoundRobinPolicy,
+	PolicyAdmission:       newAdmissionPolicy(selection.AdmissionConfig{}),
+	PolicyAdmissionGentle: newAdmissionPolicy(gentleAdmission),
 }
 
 // wardenPolicy is the warden policy as Caddy runs it: the same fleet

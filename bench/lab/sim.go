@@ -108,8 +108,8 @@ type slot struct {
 	session *agentload.Session
 	current *request
 	// unhold drops the turn a Holder policy holds, nil when none is held.
-	unhold  func() bool
-	paused  bool // the pending turn's think time has passed
+	unhold func() bool
+	paused bool // the pending turn's think time has passed
 }
 
 // request is one turn in flight.
