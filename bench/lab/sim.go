@@ -458,20 +458,11 @@ func (o *outcome) row(policy string) report.Row {
 	hits := o.after.PrefixCacheHits - o.before.PrefixCacheHits
 	r := report.Row{
 		Mode: report.ModeLab, Policy: policy, Sessions: len(s.slots), Seed: s.seed,
-		DurationS:          (s.end - s.measured).Seconds(),
-		SessionsPerHour:    sum.SessionsPerHour,
-		OutputTokensPerMin: sum.OutputTokensPerMin,
-		TTFBP50S:           sum.TTFBP50.Seconds(),
-		TTFBP95S:           sum.TTFBP95.Seconds(),
-		TTFBMeanS:          sum.TTFBMean.Seconds(),
-		StayedPercent:      sum.StayedPercent,
-		Requests:           sum.Requests,
-		Errors:             sum.Errors,
-		Cut:                sum.Cut,
-		SessionsCompleted:  sum.SessionsCompleted,
-		Preemptions:        o.after.Preemptions - o.before.Preemptions,
-		Replicas:           len(s.fleet.engines),
+		DurationS:   (s.end - s.measured).Seconds(),
+		Preemptions: o.after.Preemptions - o.before.Preemptions,
+		Replicas:    len(s.fleet.engines),
 	}
+	r.SetClientSide(sum, 1)
 	if s.busySamples > 0 {
 		r.ReplicasBusy = float64(s.busyTotal) / float64(s.busySamples)
 	}
