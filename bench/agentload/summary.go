@@ -99,7 +99,8 @@ type Summary struct {
 	// Results that stop at the window's end, as the Runner's do, time only
 	// the conversations that fit in the window: a bias toward short ones,
 	// which ConversationsCut shows. Results that run on past the window
-	// until the conversations sent in it have ended avoid it.
+	// until the conversations sent in it have ended, as the lab's do,
+	// avoid it.
 	ConversationsTimed int
 	ConversationsCut   int
 	ConversationP50    time.Duration
