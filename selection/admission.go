@@ -27,7 +27,7 @@ import (
 
 // Defaults of AdmissionConfig.
 const (
-	DefaultAdmissionFill   = 1.2
+	DefaultAdmissionFill   = 1.3
 	DefaultAdmissionLinger = 6 * time.Second
 	DefaultAdmissionWait   = 5 * time.Minute
 	DefaultAdmissionQueue  = 1024
