@@ -232,6 +232,9 @@ func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
 		l.Running += float64(e.Running)
 		l.Waiting += float64(e.Waiting)
 		l.KVUsage += e.KVUsage
+		if e.Has(metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks) {
+			l.KVTokens += e.NumGPUBlocks * e.BlockSize
+		}
 		engines++
 	}
 	if engines == 0 {

@@ -25,6 +25,9 @@ type Load struct {
 	Waiting float64
 	// KVUsage is the fraction of KV-cache blocks in use, 0..1.
 	KVUsage float64
+	// KVTokens is the KV cache's size in tokens (num_gpu_blocks ×
+	// block_size), 0 when the metrics do not say.
+	KVTokens int
 	// Known is false when the metrics are missing, stale or invalid: the
 	// replica is then scored as full, never as idle.
 	Known bool

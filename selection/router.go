@@ -36,6 +36,8 @@ type Config struct {
 	// Shared is the pin table shared with other routers; nil keeps pins to
 	// this router alone.
 	Shared SharedPins
+	// Admission is load control, off by default.
+	Admission AdmissionConfig
 	// CompactionInterval is the least time between two placements of a
 	// conversation for compaction (or since it was placed); a compaction
 	// hint sooner is ignored (counted in Status.CompactionsIgnored).
@@ -58,6 +60,7 @@ func (c Config) withDefaults() Config {
 	if c.CompactionInterval <= 0 {
 		c.CompactionInterval = DefaultCompactionInterval
 	}
+	c.Admission = c.Admission.withDefaults()
 	return c
 }
 
@@ -78,6 +81,7 @@ type Router struct {
 	states   map[string]*replicaState // by replica ID, every replica an applied view listed
 
 	sessions *sessionTable
+	gate     *gate
 	// placeMu serialises decisions that compare replicas, so that the load a
 	// decision adds is visible to the next one (a burst of new sessions
 	// spreads instead of piling on one replica).
@@ -100,6 +104,7 @@ func NewRouter(model string, now time.Time) *Router {
 		since:    now,
 		states:   map[string]*replicaState{},
 		sessions: newSessionTable(DefaultMaxSessions),
+		gate:     newGate(),
 	}
 }
 
@@ -211,5 +216,11 @@ func (v *View) Sweep(now time.Time) {
 		n := sh.sweep(now.UnixNano(), ttl, window)
 		sh.mu.Unlock()
 		r.expired.Add(uint64(n))
+	}
+	if v.cfg.Admission.Enabled {
+		r.gate.mu.Lock()
+		notify := v.expire(now.UnixNano())
+		r.gate.mu.Unlock()
+		runAll(notify)
 	}
 }

@@ -26,13 +26,18 @@ func cost(s *replicaState, kvWeight float64, withSessions bool) float64 {
 // deterministically. When no replica is healthy it falls back to those the
 // proxy can reach, as unknown beats refusing every request.
 func (v *View) leastLoaded(usable func(string) bool, key uint64, withSessions bool) *replicaState {
+	return v.lightest(usable, key, withSessions, nil)
+}
+
+// lightest is leastLoaded among the replicas fits accepts (nil: all).
+func (v *View) lightest(usable func(string) bool, key uint64, withSessions bool, fits func(*replicaState) bool) *replicaState {
 	kvWeight := v.spillWeight()
 	for _, needHealthy := range [2]bool{true, false} {
 		var best *replicaState
 		var bestCost float64
 		var bestRank uint64
 		for _, s := range v.replicas {
-			if (needHealthy && !s.healthy.Load()) || !usableBy(usable, s) {
+			if (needHealthy && !s.healthy.Load()) || !usableBy(usable, s) || (fits != nil && !fits(s)) {
 				continue
 			}
 			c := cost(s, kvWeight, withSessions)

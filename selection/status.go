@@ -24,7 +24,9 @@ type Status struct {
 	// CompactionsIgnored counts compaction hints ignored because they came
 	// within CompactionInterval of the conversation's last placement.
 	CompactionsIgnored uint64
-	Replicas           []ReplicaStatus
+	// Admission is load control's state (zero when it is off).
+	Admission AdmissionStatus
+	Replicas  []ReplicaStatus
 }
 
 // ReplicaStatus is one replica's counters since the router started.
@@ -42,6 +44,10 @@ type ReplicaStatus struct {
 	Adopted        uint64 // sessions pinned here by another router (shared pins)
 	Joined         uint64 // of Placed, sessions pinned here beside their parent
 	Compacted      uint64 // sessions pinned here anew after a compaction
+	// Residents and ResidentTokens are the conversations load control holds
+	// resident here and their prompts' estimated tokens.
+	Residents      int
+	ResidentTokens int
 	Load           Load
 	Healthy        bool
 }
@@ -64,6 +70,7 @@ func (v *View) Status() Status {
 		Expired:            r.expired.Load(),
 		CompactionsIgnored: r.compactionsIgnored.Load(),
 	}
+	residents := v.admissionStatus(&st.Admission)
 	var sticky, spilled uint64
 	for _, s := range v.replicas {
 		rs := ReplicaStatus{
@@ -82,6 +89,8 @@ func (v *View) Status() Status {
 			Compacted:      s.compacted.Load(),
 			Load:           *s.load.Load(),
 			Healthy:        s.healthy.Load(),
+			Residents:      residents[s].count,
+			ResidentTokens: residents[s].tokens,
 		}
 		st.InFlight += rs.InFlight
 		st.Sessions += rs.Sessions

@@ -9,9 +9,39 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 )
 
-// ttfbCeiling is the largest TTFB the histogram tells apart; longer ones
-// count as this much.
-const ttfbCeiling = time.Hour
+// ttfbCeiling and conversationCeiling are the largest TTFB and time per
+// conversation the histograms tell apart; longer ones count as this much.
+const (
+	ttfbCeiling         = time.Hour
+	conversationCeiling = 24 * time.Hour
+)
+
+// durations is the histogram behind every percentile of a Summary:
+// microsecond resolution, three significant digits, nearest rank (the value
+// at rank round(q×n), reported as the top of its bucket). Values are clamped
+// to [0, ceiling].
+type durations struct {
+	h       *hdrhistogram.Histogram
+	ceiling time.Duration
+}
+
+func newDurations(ceiling time.Duration) durations {
+	return durations{hdrhistogram.New(1, ceiling.Microseconds(), 3), ceiling}
+}
+
+func (d durations) record(v time.Duration) {
+	// RecordValue fails only out of range, which the clamp rules out.
+	_ = d.h.RecordValue(min(max(v, 0), d.ceiling).Microseconds())
+}
+
+func (d durations) count() int { return int(d.h.TotalCount()) }
+
+// quantile returns the q-th percentile (q in [0, 100]).
+func (d durations) quantile(q float64) time.Duration {
+	return time.Duration(d.h.ValueAtQuantile(q)) * time.Microsecond
+}
+
+func (d durations) mean() time.Duration { return time.Duration(d.h.Mean() * float64(time.Microsecond)) }
 
 // Summary holds the benchmark table's client-side numbers (DESIGN §1) for
 // the requests that ended within a time window.
@@ -56,15 +86,44 @@ type Summary struct {
 	// StayedSessions counts them.
 	StayedPercent  float64
 	StayedSessions int
+	// ConversationsTimed counts the conversations (sessions, their
+	// sub-agents and compactions included) whose first request was sent in
+	// the window and whose last turn succeeded, whenever that was: each is
+	// timed from that send to the last token of its last turn, pauses
+	// between turns included. ConversationP50, ConversationP95 and
+	// ConversationMean are over those times, by the TTFB's method.
+	// ConversationsCut counts the others sent in the window that were still
+	// under way where the results stop, having neither finished nor been
+	// abandoned after a failed request.
+	//
+	// Results that stop at the window's end, as the Runner's do, time only
+	// the conversations that fit in the window: a bias toward short ones,
+	// which ConversationsCut shows. Results that run on past the window
+	// until the conversations sent in it have ended, as the lab's do,
+	// avoid it.
+	ConversationsTimed int
+	ConversationsCut   int
+	ConversationP50    time.Duration
+	ConversationP95    time.Duration
+	ConversationMean   time.Duration
 }
 
 // Summarize computes the Summary of the results whose End lies in [from, to].
-// It only reads the results, so a virtual-time lab can build them itself.
+// Results ending after to count only toward the time of the conversations
+// sent in the window (see Summary.ConversationsTimed). It only reads the
+// results, so a virtual-time lab can build them itself.
 func Summarize(results []Result, from, to time.Time) Summary {
 	s := Summary{Window: to.Sub(from)}
-	ttfb := hdrhistogram.New(1, ttfbCeiling.Microseconds(), 3)
+	ttfb := newDurations(ttfbCeiling)
 	bySession := map[string][]Result{}
+	spans := map[string]*sessionSpan{}
 	for _, r := range results {
+		span := spans[r.SessionID]
+		if span == nil {
+			span = &sessionSpan{}
+			spans[r.SessionID] = span
+		}
+		span.add(r)
 		if r.End.Before(from) || r.End.After(to) {
 			continue
 		}
@@ -82,8 +141,7 @@ func Summarize(results []Result, from, to time.Time) Summary {
 		}
 		s.OutputTokens += r.OutputTokens
 		if d, ok := r.TTFB(); ok {
-			// RecordValue fails only out of range, which the clamp rules out.
-			_ = ttfb.RecordValue(min(max(d, 0), ttfbCeiling).Microseconds())
+			ttfb.record(d)
 		}
 		s.PromptTokens += r.PromptTokens
 		s.CachedTokens += r.CachedTokens
@@ -98,17 +156,54 @@ func Summarize(results []Result, from, to time.Time) Summary {
 		s.SessionsPerHour = float64(s.SessionsCompleted) / hours
 		s.OutputTokensPerMin = float64(s.OutputTokens) / s.Window.Minutes()
 	}
-	if n := ttfb.TotalCount(); n > 0 {
-		s.TTFBCount = int(n)
-		s.TTFBP50 = time.Duration(ttfb.ValueAtQuantile(50)) * time.Microsecond
-		s.TTFBP95 = time.Duration(ttfb.ValueAtQuantile(95)) * time.Microsecond
-		s.TTFBMean = time.Duration(ttfb.Mean() * float64(time.Microsecond))
+	if n := ttfb.count(); n > 0 {
+		s.TTFBCount = n
+		s.TTFBP50 = ttfb.quantile(50)
+		s.TTFBP95 = ttfb.quantile(95)
+		s.TTFBMean = ttfb.mean()
+	}
+	conversations := newDurations(conversationCeiling)
+	for _, span := range spans {
+		switch {
+		case span.sent.IsZero() || span.sent.Before(from) || span.sent.After(to):
+			// Not sent in the window.
+		case !span.finished.IsZero():
+			conversations.record(span.finished.Sub(span.sent))
+		case !span.abandoned:
+			s.ConversationsCut++
+		}
+	}
+	if n := conversations.count(); n > 0 {
+		s.ConversationsTimed = n
+		s.ConversationP50 = conversations.quantile(50)
+		s.ConversationP95 = conversations.quantile(95)
+		s.ConversationMean = conversations.mean()
 	}
 	if s.PromptTokens > 0 {
 		s.CachedPercent = 100 * float64(s.CachedTokens) / float64(s.PromptTokens)
 	}
 	s.StayedPercent, s.StayedSessions = stayed(bySession)
 	return s
+}
+
+// sessionSpan is what timing a session's conversation takes from its results.
+type sessionSpan struct {
+	sent      time.Time // its first request's send; zero until seen
+	finished  time.Time // its last turn's end; zero until that turn succeeded
+	abandoned bool      // a request of its main agent failed: clients give up the session
+}
+
+func (sp *sessionSpan) add(r Result) {
+	opens := r.Agent == "" && r.Segment == 0 && r.Turn == 0
+	if opens && (sp.sent.IsZero() || r.Start.Before(sp.sent)) {
+		sp.sent = r.Start // the earliest send, should a first request be resent
+	}
+	if r.SessionDone() {
+		sp.finished = r.End
+	}
+	if r.Agent == "" && r.Err != nil {
+		sp.abandoned = true
+	}
 }
 
 // stayed returns the mean share of each session's served requests that went

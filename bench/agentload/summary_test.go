@@ -112,3 +112,82 @@ func TestSummarizeEmpty(t *testing.T) {
 		t.Errorf("empty summary: %+v", s)
 	}
 }
+
+// TestSummarizeConversationTimes times each conversation sent in the window
+// from its first request's send to its last turn's end, even after the
+// window, and counts the ones still under way where the results stop.
+func TestSummarizeConversationTimes(t *testing.T) {
+	minute := func(m float64) time.Time { return at(time.Duration(m * float64(time.Minute))) }
+	turn := func(session string, turn int, last bool, start, end float64) Result {
+		return Result{SessionID: session, Turn: turn, LastTurn: last, Start: minute(start), FirstToken: minute(start).Add(time.Second), End: minute(end)}
+	}
+	failed := func(r Result) Result {
+		r.Err, r.Status, r.FirstToken = errors.New("status 500"), 500, time.Time{}
+		return r
+	}
+	cut := func(r Result) Result { r.Cut, r.FirstToken = true, time.Time{}; return r }
+	subagent := func(r Result) Result { r.Agent = "helper"; return r }
+	compacted := func(r Result) Result { r.Segment = 1; return r }
+	windowEnd := 30.0
+	results := []Result{
+		// Timed: 3, 10, 1, 7, 4 and 6 minutes.
+		turn("a", 0, false, 1, 2), turn("a", 1, true, 3, 4),
+		turn("b", 0, false, 2, 3), turn("b", 1, false, 5, 8), turn("b", 2, true, 9, 12),
+		turn("c", 0, true, 5, 6), // one turn, first and last
+		// Listed backwards.
+		turn("d", 2, true, 16, 17), turn("d", 1, false, 13, 15), turn("d", 0, false, 10, 12),
+		// A failed sub-agent, whose parent goes on, and a compaction, whose
+		// new prefix starts again at turn 0.
+		turn("p", 0, false, 14, 15), failed(subagent(turn("p", 0, false, 15, 15.5))),
+		turn("p", 1, false, 15.5, 16), compacted(turn("p", 0, true, 17, 18)),
+		// Sent in the window, finished after it.
+		turn("n", 0, false, 27, 28), turn("n", 1, true, 29, 33),
+
+		// Sent before the window: its first turn ended before it, or in it.
+		turn("f", 0, false, -3, -2), turn("f", 1, true, 1, 3),
+		turn("g", 0, false, -1, 0.5), turn("g", 1, true, 1, 2),
+		// Wholly before the window, or sent after it.
+		turn("m", 0, false, -10, -8), turn("m", 1, true, -7, -5),
+		turn("o", 0, false, 31, 32), turn("o", 1, true, 32, 33),
+		// Abandoned after a failure: its last turn, or a middle one.
+		turn("k", 0, false, 4, 5), failed(turn("k", 1, true, 6, 7)),
+		turn("l", 0, false, 8, 9), failed(turn("l", 1, false, 10, 10.5)),
+		// Under way where the results stop: a cut last turn, a pause before
+		// the next turn, a cut first turn.
+		turn("h", 0, false, 27, 28), cut(turn("h", 1, true, 29, 30)),
+		turn("i", 0, false, 28, 29),
+		cut(turn("j", 0, false, 29, 30)),
+	}
+	s := Summarize(results, t0, minute(windowEnd))
+	if s.ConversationsTimed != 6 || s.ConversationsCut != 3 {
+		t.Fatalf("%d conversations timed, %d cut; want 6 (a, b, c, d, p, n) and 3 (h, i, j)", s.ConversationsTimed, s.ConversationsCut)
+	}
+	// Sorted: 1, 3, 4, 6, 7, 10 minutes. Nearest rank: p50 is the
+	// round(0.5×6) = 3rd, 4 min; p95 the round(0.95×6) = 6th, 10 min.
+	closeTo(t, "conversation p50 (s)", s.ConversationP50.Seconds(), 240, 0.24)
+	closeTo(t, "conversation p95 (s)", s.ConversationP95.Seconds(), 600, 0.6)
+	closeTo(t, "conversation mean (s)", s.ConversationMean.Seconds(), 31*60/6.0, 0.31)
+
+	// Results that stop at the window's end, as the Runner's do: n is cut
+	// instead of timed, and every other figure stays the same.
+	var inWindow []Result
+	for _, r := range results {
+		if !r.End.After(minute(windowEnd)) {
+			inWindow = append(inWindow, r)
+		}
+	}
+	stopped := Summarize(inWindow, t0, minute(windowEnd))
+	if stopped.ConversationsTimed != 5 || stopped.ConversationsCut != 4 {
+		t.Fatalf("results stopping at the window's end: %d timed, %d cut; want 5 and 4 (n)", stopped.ConversationsTimed, stopped.ConversationsCut)
+	}
+	closeTo(t, "stopped conversation p95 (s)", stopped.ConversationP95.Seconds(), 600, 0.6)
+	closeTo(t, "stopped conversation mean (s)", stopped.ConversationMean.Seconds(), 25*60/5.0, 0.25)
+	withoutConversations := func(s Summary) Summary {
+		s.ConversationsTimed, s.ConversationsCut = 0, 0
+		s.ConversationP50, s.ConversationP95, s.ConversationMean = 0, 0, 0
+		return s
+	}
+	if withoutConversations(s) != withoutConversations(stopped) {
+		t.Errorf("results after the window changed more than the conversation times:\n%+v\n%+v", s, stopped)
+	}
+}

@@ -354,31 +354,22 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 	place := Place(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End, o.engines())
 	hits, queries, preemptions := counterDeltas(before, after)
 	row := report.Row{
-		Mode:               report.ModeRun,
-		Policy:             policy,
-		Sessions:           sessions,
-		Seed:               int64(o.Seed),
-		DurationS:          o.Duration.Seconds(),
-		SessionsPerHour:    sum.SessionsPerHour / o.TimeScale,
-		OutputTokensPerMin: sum.OutputTokensPerMin / o.TimeScale,
-		TTFBP50S:           sum.TTFBP50.Seconds() * o.TimeScale,
-		TTFBP95S:           sum.TTFBP95.Seconds() * o.TimeScale,
-		TTFBMeanS:          sum.TTFBMean.Seconds() * o.TimeScale,
-		ReplicasBusy:       sampler.mean(),
-		StayedPercent:      sum.StayedPercent,
-		HitBoundPercent:    bound.percent(),
-		Requests:           sum.Requests,
-		Errors:             sum.Errors,
-		Cut:                sum.Cut,
-		SessionsCompleted:  sum.SessionsCompleted,
-		Preemptions:        uint64(preemptions),
-		Replicas:           o.Replicas,
-		Topology:           o.Topology,
+		Mode:            report.ModeRun,
+		Policy:          policy,
+		Sessions:        sessions,
+		Seed:            int64(o.Seed),
+		DurationS:       o.Duration.Seconds(),
+		ReplicasBusy:    sampler.mean(),
+		HitBoundPercent: bound.percent(),
+		Preemptions:     uint64(preemptions),
+		Replicas:        o.Replicas,
+		Topology:        o.Topology,
 
 		TurnsOnReplicaPercent: place.TurnsOnReplica,
 		NewConversations:      place.NewConversations,
 		NewSpread:             place.Spread,
 	}
+	row.SetClientSide(sum, o.TimeScale)
 	if o.instances() > 1 || o.pinStore() != PinStoreNone {
 		row.Instances, row.PinStore = o.instances(), o.pinStore()
 	}

@@ -12,7 +12,10 @@
 //
 // Each run's closed loop runs for Config.Warmup before its measured
 // Config.Duration; every number of the row (results, engine counters, busy
-// samples, hit bound) covers the measured window only.
+// samples, hit bound) covers the measured window only, but the time per
+// conversation: the loop goes on past the window, at the same load, until
+// every conversation sent in the window has ended (at most
+// Config.ConversationTail), and each is timed to its end.
 //
 // Each (policy, level) starts from a fresh fleet (empty caches, zeroed
 // counters) unless Config.Warm is set, in which case one fleet serves every
@@ -47,11 +50,18 @@ type Config struct {
 	Warmup time.Duration
 	// Duration is the simulated, measured length of each run (one level of one policy).
 	Duration time.Duration
+	// ConversationTail is how long past Duration the closed loop may go on
+	// so that the conversations sent in the window finish and are timed;
+	// those it cuts count as conversations cut. 0 times only the
+	// conversations that finish in the window, as an end-to-end run does.
+	ConversationTail time.Duration
 	// MetricsInterval is how often the warden policy sees the engines' metrics.
 	MetricsInterval time.Duration
 	// SpillThreshold is the warden's spill threshold; 0 is auto (max_num_seqs/4).
 	SpillThreshold int
-	// Warm keeps one fleet for all runs of a seed instead of a fresh one per run.
+	// Warm keeps one fleet for all runs of a seed instead of a fresh one per
+	// run; each run starts where the last one stopped, after its
+	// ConversationTail.
 	Warm bool
 }
 
@@ -60,17 +70,22 @@ type Config struct {
 // longer start and end in lockstep when the measurement begins.
 const DefaultWarmup = time.Minute
 
+// DefaultConversationTail is Config.ConversationTail's default: several times
+// the longest conversation of the seed's workload at 32 sessions.
+const DefaultConversationTail = 30 * time.Minute
+
 // DefaultConfig is the seed's setup: its workload on 4 engines of the
 // a4000-qwen3-4b profile, 3 minutes per level after a minute of warm-up,
 // metrics every second.
 func DefaultConfig() Config {
 	return Config{
-		Workload:        agentload.DefaultConfig(),
-		Profile:         engine.Profiles[engine.DefaultProfile],
-		Replicas:        4,
-		Warmup:          DefaultWarmup,
-		Duration:        3 * time.Minute,
-		MetricsInterval: time.Second,
+		Workload:         agentload.DefaultConfig(),
+		Profile:          engine.Profiles[engine.DefaultProfile],
+		Replicas:         4,
+		Warmup:           DefaultWarmup,
+		Duration:         3 * time.Minute,
+		ConversationTail: DefaultConversationTail,
+		MetricsInterval:  time.Second,
 	}
 }
 
@@ -85,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("duration must be positive, got %v", c.Duration))
+	}
+	if c.ConversationTail < 0 {
+		errs = append(errs, fmt.Errorf("conversation tail must not be negative, got %v", c.ConversationTail))
 	}
 	if c.MetricsInterval <= 0 {
 		errs = append(errs, fmt.Errorf("metrics interval must be positive, got %v", c.MetricsInterval))

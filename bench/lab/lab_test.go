@@ -2,10 +2,13 @@ package lab
 
 import (
 	"fmt"
+	"math"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 )
 
@@ -79,9 +82,10 @@ func TestShortRunsAccountForEveryRequest(t *testing.T) {
 			aborted := delta(func(s engine.Stats) uint64 { return s.RequestSuccess[engine.FinishAbort] })
 			generated := delta(func(s engine.Stats) uint64 { return s.GenerationTokens })
 
-			inWindow := 0
+			// The requests in flight at the window's end count in it as cut.
+			inWindow := len(s.windowCut)
 			for _, r := range s.results {
-				if !r.End.Before(virtualTime(s.measured)) {
+				if !r.End.Before(virtualTime(s.measured)) && !r.End.After(virtualTime(s.end)) {
 					inWindow++
 				}
 			}
@@ -204,5 +208,106 @@ func TestWarmupStaggersSessions(t *testing.T) {
 	}
 	if without.SessionsCompleted != 0 || with.SessionsCompleted == 0 {
 		t.Fatalf("sessions completed: %d without warm-up (want 0), %d with (want some)", without.SessionsCompleted, with.SessionsCompleted)
+	}
+}
+
+// TestConversationTimes checks the time per conversation of a short run:
+// every conversation sent in the window is timed to its end, past the
+// window if need be; p50 <= p95, and both are at least the sums of the
+// conversations' turn times (send to last token), since a conversation
+// lasts at least as long as its turns. Shortening the tail cuts some of
+// them and changes no other column.
+func TestConversationTimes(t *testing.T) {
+	run := func(tail time.Duration) *outcome {
+		t.Helper()
+		cfg := shortConfig()
+		cfg.ConversationTail = tail
+		f, err := newFleet(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := newEnv(cfg, f, 3)
+		policy, err := policyFactories[PolicyWarden](env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := simulate(env, policy, 6, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	out := run(DefaultConversationTail)
+	row := out.row(PolicyWarden)
+
+	// Each conversation sent in the window: its end and the sum of its turn times.
+	from, to := virtualTime(out.sim.measured), virtualTime(out.sim.end)
+	type conversation struct {
+		sent     bool
+		finished time.Time
+		turns    time.Duration
+	}
+	bySession := map[string]*conversation{}
+	for _, r := range out.sim.results {
+		c := bySession[r.SessionID]
+		if c == nil {
+			c = &conversation{}
+			bySession[r.SessionID] = c
+		}
+		c.sent = c.sent || r.Turn == 0 && !r.Start.Before(from) && !r.Start.After(to)
+		if r.SessionDone() {
+			c.finished = r.End
+		}
+		c.turns += r.End.Sub(r.Start)
+	}
+	var sums []float64
+	finishedAfterWindow := 0
+	for id, c := range bySession {
+		switch {
+		case !c.sent:
+			continue
+		case c.finished.IsZero():
+			t.Errorf("conversation %s, sent in the window, never finished", id)
+		case c.finished.After(to):
+			finishedAfterWindow++
+		}
+		sums = append(sums, c.turns.Seconds())
+	}
+	if finishedAfterWindow == 0 {
+		t.Fatal("no conversation sent in the window finished after it: the tail went untested")
+	}
+	if row.ConversationsTimed != len(sums) || row.ConversationsCut != 0 {
+		t.Fatalf("%d conversations timed and %d cut, want %d and 0", row.ConversationsTimed, row.ConversationsCut, len(sums))
+	}
+	if row.ConversationP50S <= 0 || row.ConversationP50S > row.ConversationP95S {
+		t.Fatalf("conversation p50 %.2fs, p95 %.2fs", row.ConversationP50S, row.ConversationP95S)
+	}
+	// Nearest rank, as the histogram: if every conversation lasts at least
+	// its sum, each order statistic does too.
+	slices.Sort(sums)
+	nearestRank := func(q float64) float64 { return sums[max(int(math.Floor(q*float64(len(sums))+0.5)), 1)-1] }
+	if p50 := nearestRank(0.5); row.ConversationP50S < p50 {
+		t.Errorf("conversation p50 %.2fs, below the median of the conversations' sums of turn times, %.2fs", row.ConversationP50S, p50)
+	}
+	if p95 := nearestRank(0.95); row.ConversationP95S < p95 {
+		t.Errorf("conversation p95 %.2fs, below the p95 of the conversations' sums of turn times, %.2fs", row.ConversationP95S, p95)
+	}
+	t.Logf("%d conversations timed, %d finished after the %gs window: p50 %.1fs, p95 %.1fs, mean %.1fs; sums of turn times p50 %.1fs, p95 %.1fs",
+		row.ConversationsTimed, finishedAfterWindow, row.DurationS, row.ConversationP50S, row.ConversationP95S, row.ConversationMeanS,
+		nearestRank(0.5), nearestRank(0.95))
+
+	withoutConversations := func(r report.Row) report.Row {
+		r.ConversationP50S, r.ConversationP95S, r.ConversationMeanS = 0, 0, 0
+		r.ConversationsTimed, r.ConversationsCut = 0, 0
+		return r
+	}
+	for _, tail := range []time.Duration{0, 5 * time.Second} {
+		short := run(tail).row(PolicyWarden)
+		if short.ConversationsCut == 0 || short.ConversationsTimed+short.ConversationsCut != row.ConversationsTimed {
+			t.Errorf("tail %v: %d conversations timed and %d cut, want some cut of %d", tail, short.ConversationsTimed, short.ConversationsCut, row.ConversationsTimed)
+		}
+		if !reflect.DeepEqual(withoutConversations(short), withoutConversations(row)) {
+			t.Errorf("tail %v changed more than the conversation times:\n%+v\n%+v", tail, short, row)
+		}
 	}
 }

@@ -14,14 +14,16 @@ import (
 
 // policyFactories are the rules the lab can run, by name.
 var policyFactories = map[string]PolicyFactory{
-	PolicyWarden:     newWardenPolicy(true),
-	PolicyOff:        newWardenPolicy(false),
-	PolicyVLLM:       newVLLMPolicy(dplb.V026Dense),
-	PolicyVLLMv026:   newVLLMPolicy(dplb.V026),
-	PolicyVLLMv027:   newVLLMPolicy(dplb.V027),
-	PolicyHeader:     newHeaderPolicy,
-	PolicyLeastConn:  newLeastConnPolicy,
-	PolicyRoundRobin: newRoundRobinPolicy,
+	PolicyWarden:          newWardenPolicy(true),
+	PolicyOff:             newWardenPolicy(false),
+	PolicyVLLM:            newVLLMPolicy(dplb.V026Dense),
+	PolicyVLLMv026:        newVLLMPolicy(dplb.V026),
+	PolicyVLLMv027:        newVLLMPolicy(dplb.V027),
+	PolicyHeader:          newHeaderPolicy,
+	PolicyLeastConn:       newLeastConnPolicy,
+	PolicyRoundRobin:      newRoundRobinPolicy,
+	PolicyAdmission:       newAdmissionPolicy(selection.AdmissionConfig{}),
+	PolicyAdmissionGentle: newAdmissionPolicy(gentleAdmission),
 }
 
 // wardenPolicy is the warden policy as Caddy runs it: the same fleet
@@ -35,35 +37,43 @@ type wardenPolicy struct {
 
 func newWardenPolicy(affinity bool) PolicyFactory {
 	return func(env *Env) (Policy, error) {
-		cfg := env.Config()
-		replicas := make([]selection.Replica, env.Engines())
-		index := make(map[string]int, len(replicas))
-		for i := range replicas {
-			addr := env.Address(i)
-			replicas[i] = selection.Replica{ID: addr, Address: addr}
-			index[addr] = i
-		}
-		model := fleet.New("lab", cfg.MetricsInterval, virtualTime(env.fleet.clock), nil)
-		plan := model.Prepare(fleet.Spec{
-			Routing: selection.Config{
-				MaxNumSeqs:     cfg.Profile.MaxNumSeqs,
-				SpillThreshold: cfg.SpillThreshold,
-				Affinity:       affinity,
-			},
-			Replicas:        replicas,
-			MetricsInterval: cfg.MetricsInterval,
-		})
-		model.Apply(plan)
-		env.Every(cfg.MetricsInterval, func(now time.Duration) {
-			at := virtualTime(now)
-			for i, r := range replicas {
-				model.ObserveScrape(r.Address, at, scrapeOf(env.Stats(i), cfg.Profile), nil)
-				model.ObserveHealth(r.Address, at, nil)
-			}
-		})
-		env.Every(fleet.SweepInterval, func(now time.Duration) { model.Tick(virtualTime(now)) })
-		return &wardenPolicy{view: plan.View(), index: index}, nil
+		return newWarden(env, func(c *selection.Config) { c.Affinity = affinity })
 	}
+}
+
+// newWarden wires the warden policy with the lab's routing settings, as
+// tune changes them.
+func newWarden(env *Env, tune func(*selection.Config)) (*wardenPolicy, error) {
+	cfg := env.Config()
+	replicas := make([]selection.Replica, env.Engines())
+	index := make(map[string]int, len(replicas))
+	for i := range replicas {
+		addr := env.Address(i)
+		replicas[i] = selection.Replica{ID: addr, Address: addr}
+		index[addr] = i
+	}
+	model := fleet.New("lab", cfg.MetricsInterval, virtualTime(env.fleet.clock), nil)
+	routing := selection.Config{
+		MaxNumSeqs:     cfg.Profile.MaxNumSeqs,
+		SpillThreshold: cfg.SpillThreshold,
+		Affinity:       true,
+	}
+	tune(&routing)
+	plan := model.Prepare(fleet.Spec{
+		Routing:         routing,
+		Replicas:        replicas,
+		MetricsInterval: cfg.MetricsInterval,
+	})
+	model.Apply(plan)
+	env.Every(cfg.MetricsInterval, func(now time.Duration) {
+		at := virtualTime(now)
+		for i, r := range replicas {
+			model.ObserveScrape(r.Address, at, scrapeOf(env.Stats(i), cfg.Profile), nil)
+			model.ObserveHealth(r.Address, at, nil)
+		}
+	})
+	env.Every(fleet.SweepInterval, func(now time.Duration) { model.Tick(virtualTime(now)) })
+	return &wardenPolicy{view: plan.View(), index: index}, nil
 }
 
 func (p *wardenPolicy) Pick(a Arrival) (int, func()) {

@@ -27,6 +27,15 @@ type Policy interface {
 	Pick(a Arrival) (engine int, release func())
 }
 
+// Holder is a Policy that may hold a request at the proxy before choosing
+// its engine (load control). dispatch is called once, at once or later in
+// virtual time, with the engine (-1: none) and the release to call when the
+// request ends; cancel, called when the run ends first, drops the request
+// and reports whether it was still held.
+type Holder interface {
+	Hold(a Arrival, dispatch func(engine int, release func())) (cancel func() bool)
+}
+
 // PolicyFactory builds a policy over env's engines. It may register periodic
 // work with env.Every (metrics polls, sweeps).
 type PolicyFactory func(env *Env) (Policy, error)
@@ -38,6 +47,7 @@ type Env struct {
 	fleet *simFleet
 	rng   *rand.Rand
 	tasks []*task
+	run   *sim // the run in progress
 }
 
 // task is periodic work of a policy; next survives from one run to the next
@@ -63,6 +73,9 @@ func (e *Env) Address(i int) string { return e.fleet.addresses[i] }
 
 // Stats returns what engine i's /metrics shows now.
 func (e *Env) Stats(i int) engine.Stats { return e.fleet.engines[i].Stats() }
+
+// Now is the run's virtual time.
+func (e *Env) Now() time.Duration { return e.run.now }
 
 // Rand is the policy's own random stream, seeded by the run's seed.
 func (e *Env) Rand() *rand.Rand { return e.rng }

@@ -4,10 +4,11 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
-	"github.com/lmwarden/caddy-warden/bench/hitbound"
+	"slices"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/hitbound"
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
@@ -107,7 +108,12 @@ func (q *eventQueue) Pop() any {
 type slot struct {
 	session *agentload.Session
 	current *request
-	paused  bool // the pending turn's think time has passed
+	// unhold drops the turn a Holder policy holds, nil when none is held.
+	unhold func() bool
+	paused bool // the pending turn's think time has passed
+	// awaited is set while the session, its first request sent in the
+	// measured window, has not ended: the run goes on until it does.
+	awaited bool
 }
 
 // request is one turn in flight.
@@ -130,7 +136,10 @@ type request struct {
 }
 
 // sim is one run: a policy serving a level of sessions over [start, end],
-// measured over [measured, end] after the warm-up.
+// measured over [measured, end] after the warm-up, then on past end, at the
+// same load but measured no more, until the conversations sent in the window
+// have ended or Config.ConversationTail has passed, so that each of them is
+// timed to its end.
 type sim struct {
 	env                  *Env
 	fleet                *simFleet
@@ -147,7 +156,14 @@ type sim struct {
 	stepEvents [][]engine.Event // tokens of each engine's running step
 	slots      []slot
 	byRequest  map[*engine.Request]*request
-	results    []agentload.Result
+	// results holds one final result per request. When the run goes on
+	// past the window, windowCut holds the window's view of the requests
+	// in flight at its end: cut then, as the HTTP runner records them,
+	// though they go on to finish after it.
+	results   []agentload.Result
+	windowCut []agentload.Result
+	// awaited counts the conversations sent in the window still under way.
+	awaited int
 
 	busySamples, busyTotal  int
 	boundHits, boundQueries uint64
@@ -179,6 +195,7 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 		byRequest:  map[*engine.Request]*request{},
 	}
 	out := &outcome{sim: s}
+	env.run = s
 	// The window opens before anything else scheduled at its instant.
 	s.schedule(s.measured, eventMeasure, 0)
 	// Policy tasks first, so that a metrics poll at the start precedes the
@@ -190,7 +207,7 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 	for i := range s.slots {
 		s.schedule(s.start, eventSend, i)
 	}
-	for s.queue.Len() > 0 && s.queue[0].at <= s.end {
+	next := func() {
 		ev := heap.Pop(&s.queue).(event)
 		s.now = ev.at
 		switch ev.kind {
@@ -200,8 +217,10 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 			t.next = s.now + t.interval
 			s.schedule(t.next, eventTask, ev.index)
 		case eventSample:
-			s.sampleBusy()
-			s.schedule(s.now+busySampleInterval, eventSample, 0)
+			if s.measuring {
+				s.sampleBusy()
+				s.schedule(s.now+busySampleInterval, eventSample, 0)
+			}
 		case eventSend:
 			s.send(ev.index)
 		case eventStepStart:
@@ -213,11 +232,26 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 			s.openWindow()
 		}
 	}
+	for s.queue.Len() > 0 && s.queue[0].at <= s.end {
+		next()
+	}
 	s.now = s.end
-	s.cutInFlight()
-	f.clock = s.end
 	out.after = f.counters()
-	out.summary = agentload.Summarize(s.results, virtualTime(s.measured), virtualTime(s.end))
+	if s.awaited > 0 && cfg.ConversationTail > 0 {
+		// Play on until the conversations sent in the window have ended;
+		// otherwise the run ends here, its requests in flight cut.
+		s.closeWindow()
+		stop := s.end + cfg.ConversationTail
+		for s.awaited > 0 && s.queue.Len() > 0 && s.queue[0].at <= stop {
+			next()
+		}
+		if s.awaited > 0 {
+			s.now = stop
+		}
+	}
+	s.cutInFlight()
+	f.clock = s.now
+	out.summary = agentload.Summarize(slices.Concat(s.results, s.windowCut), virtualTime(s.measured), virtualTime(s.end))
 	return out, nil
 }
 
@@ -240,6 +274,10 @@ func (s *sim) send(slotIndex int) {
 		return
 	}
 	sl.paused = false
+	if s.measuring && turn.Index == 0 && turn.Segment == 0 {
+		sl.awaited = true // its first request: Summarize times it
+		s.awaited++
+	}
 	msgs := make([]tokenizer.Message, len(turn.Messages))
 	for i, m := range turn.Messages {
 		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
@@ -260,7 +298,27 @@ func (s *sim) send(slotIndex int) {
 		},
 	}
 	s.routed++
-	eng, release := s.policy.Pick(Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now})
+	a := Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now}
+	if h, ok := s.policy.(Holder); ok {
+		sl.current = r
+		dispatched := false
+		unhold := h.Hold(a, func(eng int, release func()) {
+			dispatched, sl.unhold = true, nil
+			s.dispatch(r, eng, release)
+		})
+		if !dispatched {
+			sl.unhold = unhold
+		}
+		return
+	}
+	eng, release := s.policy.Pick(a)
+	s.dispatch(r, eng, release)
+}
+
+// dispatch sends a routed turn to its engine.
+func (s *sim) dispatch(r *request, eng int, release func()) {
+	sl := &s.slots[r.slot]
+	sl.current = nil
 	if eng < 0 {
 		s.fail(r, 502, errors.New("no replica available"))
 		return
@@ -272,7 +330,7 @@ func (s *sim) send(slotIndex int) {
 		return
 	}
 	r.result.Engine = s.fleet.addresses[eng]
-	r.boundHit, r.chain = s.fleet.bound.Arrive(prompt)
+	r.boundHit, r.chain = s.fleet.bound.Arrive(r.req.Prompt)
 	sl.current = r
 	s.byRequest[r.req] = r
 	if !s.stepping[eng] {
@@ -286,6 +344,7 @@ func (s *sim) send(slotIndex int) {
 func (s *sim) fail(r *request, status int, err error) {
 	r.result.End, r.result.Status, r.result.Err = virtualTime(s.now), status, err
 	s.results = append(s.results, r.result)
+	s.endSession(r.slot)
 	s.slots[r.slot].session = nil
 	s.schedule(s.now+errorRetryDelay, eventSend, r.slot)
 }
@@ -329,7 +388,18 @@ func (s *sim) finish(r *request) {
 	s.fleet.bound.Finish(r.chain, r.req.Prompt, output)
 	s.countBound(r)
 	r.session.Reply(tokenizer.Text(output))
+	if r.result.LastTurn {
+		s.endSession(r.slot)
+	}
 	s.send(r.slot)
+}
+
+// endSession notes that the slot's session is over, finished or abandoned.
+func (s *sim) endSession(slotIndex int) {
+	if sl := &s.slots[slotIndex]; sl.awaited {
+		sl.awaited = false
+		s.awaited--
+	}
 }
 
 // cutInFlight ends the run: requests still in flight are aborted in their
@@ -340,21 +410,46 @@ func (s *sim) cutInFlight() {
 		if r == nil {
 			continue
 		}
+		if unhold := s.slots[i].unhold; unhold != nil && unhold() {
+			s.results = append(s.results, s.cutResult(r)) // held: no engine had it
+			s.slots[i].current, s.slots[i].unhold = nil, nil
+			continue
+		}
 		s.fleet.engines[r.engine].Abort(r.req)
 		r.release()
-		r.result.End, r.result.Cut, r.result.Status = virtualTime(s.end), true, 200
-		r.result.OutputTokens = r.received - r.early
-		if r.req.CachedTokens != notAdmitted {
-			r.result.CachedTokens = r.req.CachedTokens
-			s.countBound(r)
-		}
-		s.results = append(s.results, r.result)
+		s.results = append(s.results, s.cutResult(r))
 		s.slots[i].current = nil
 	}
 	clear(s.byRequest)
 	for i := range s.stepping {
 		s.stepping[i] = false
 	}
+}
+
+// cutResult is the result of r were the client to give up on it now,
+// counted in the hit bound if the engine admitted it, as the engine's
+// prefix-cache counters count it.
+func (s *sim) cutResult(r *request) agentload.Result {
+	res := r.result
+	res.End, res.Cut, res.Status = virtualTime(s.now), true, 200
+	res.OutputTokens = r.received - r.early
+	if r.req.CachedTokens != notAdmitted {
+		res.CachedTokens = r.req.CachedTokens
+		s.countBound(r)
+	}
+	return res
+}
+
+// closeWindow ends the measurement: the requests in flight enter the
+// window's results as cut, and nothing after it is measured but the time of
+// the conversations sent in it.
+func (s *sim) closeWindow() {
+	for i := range s.slots {
+		if r := s.slots[i].current; r != nil {
+			s.windowCut = append(s.windowCut, s.cutResult(r))
+		}
+	}
+	s.measuring = false
 }
 
 // openWindow starts the measurement. Requests the engines admitted during
@@ -429,20 +524,11 @@ func (o *outcome) row(policy string) report.Row {
 	hits := o.after.PrefixCacheHits - o.before.PrefixCacheHits
 	r := report.Row{
 		Mode: report.ModeLab, Policy: policy, Sessions: len(s.slots), Seed: s.seed,
-		DurationS:          (s.end - s.measured).Seconds(),
-		SessionsPerHour:    sum.SessionsPerHour,
-		OutputTokensPerMin: sum.OutputTokensPerMin,
-		TTFBP50S:           sum.TTFBP50.Seconds(),
-		TTFBP95S:           sum.TTFBP95.Seconds(),
-		TTFBMeanS:          sum.TTFBMean.Seconds(),
-		StayedPercent:      sum.StayedPercent,
-		Requests:           sum.Requests,
-		Errors:             sum.Errors,
-		Cut:                sum.Cut,
-		SessionsCompleted:  sum.SessionsCompleted,
-		Preemptions:        o.after.Preemptions - o.before.Preemptions,
-		Replicas:           len(s.fleet.engines),
+		DurationS:   (s.end - s.measured).Seconds(),
+		Preemptions: o.after.Preemptions - o.before.Preemptions,
+		Replicas:    len(s.fleet.engines),
 	}
+	r.SetClientSide(sum, 1)
 	if s.busySamples > 0 {
 		r.ReplicasBusy = float64(s.busyTotal) / float64(s.busySamples)
 	}

@@ -33,6 +33,8 @@ var (
 	ttfbP50         = metric{"TTFB p50 (s)", func(r Row) float64 { return r.TTFBP50S }, fixed(2), false}
 	ttfbP95         = metric{"TTFB p95 (s)", func(r Row) float64 { return r.TTFBP95S }, fixed(2), false}
 	ttfbMean        = metric{"TTFB mean (s)", func(r Row) float64 { return r.TTFBMeanS }, fixed(2), true}
+	conversationP50 = metric{"Conv p50 (s)", conversationTime(func(r Row) float64 { return r.ConversationP50S }), fixed(1), true}
+	conversationP95 = metric{"Conv p95 (s)", conversationTime(func(r Row) float64 { return r.ConversationP95S }), fixed(1), true}
 	replicasBusy    = metric{"Busy", func(r Row) float64 { return r.ReplicasBusy }, fixed(2), false}
 	prefixHits      = metric{"Hits %", func(r Row) float64 { return r.PrefixHitPercent }, fixed(1), false}
 	stayedPercent   = metric{"Stayed %", func(r Row) float64 { return r.StayedPercent }, fixed(1), false}
@@ -43,7 +45,19 @@ var (
 
 var tableMetrics = []metric{
 	sessionsPerHour, outputPerMin, ttfbP50, ttfbP95, replicasBusy, prefixHits, stayedPercent,
-	hitBound, ttfbMean, preemptions, errorCount,
+	hitBound, ttfbMean, conversationP50, conversationP95, preemptions, errorCount,
+}
+
+// conversationTime reads a time per conversation, NaN (not measured) for a
+// row that timed none: its 0 is no duration, and a mean over seeds that
+// counted it would be no one's.
+func conversationTime(value func(Row) float64) func(Row) float64 {
+	return func(r Row) float64 {
+		if r.ConversationsTimed == 0 {
+			return math.NaN()
+		}
+		return value(r)
+	}
 }
 
 // series is one line of a plot and one label in the table: a mode and a policy.

@@ -11,6 +11,9 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
 )
 
 // Modes of a Row.
@@ -44,6 +47,20 @@ type Row struct {
 	TTFBP95S float64 `json:"ttfb_p95_s"`
 	// TTFBMeanS is their mean, in seconds (not in the seed's table).
 	TTFBMeanS float64 `json:"ttfb_mean_s,omitempty"`
+	// ConversationP50S, ConversationP95S and ConversationMeanS are the time
+	// per conversation, from the send of its first turn to the last token of
+	// its last turn, in seconds, over the ConversationsTimed conversations
+	// sent in the window that finished (see agentload.Summary). With none
+	// timed they are 0 and left out of the JSON. ConversationsCut counts
+	// those sent in the window that had not finished when the load stopped:
+	// at the window's end in a run, so that a run times only the
+	// conversations that fit in its window, and at a cap well past it in
+	// the lab, which lets them finish.
+	ConversationP50S   float64 `json:"conversation_p50_s,omitempty"`
+	ConversationP95S   float64 `json:"conversation_p95_s,omitempty"`
+	ConversationMeanS  float64 `json:"conversation_mean_s,omitempty"`
+	ConversationsTimed int     `json:"conversations_timed"`
+	ConversationsCut   int     `json:"conversations_cut"`
 	// ReplicasBusy averages, over one sample per second, the replicas with
 	// requests in flight.
 	ReplicasBusy float64 `json:"replicas_busy"`
@@ -99,6 +116,30 @@ func (r Row) Setup() string {
 		return ""
 	}
 	return fmt.Sprintf("×%d %s", max(r.Instances, 1), store)
+}
+
+// SetClientSide fills the columns the client measures from the Summary of
+// the measured window: rates, TTFB and conversation times, request and
+// session counts, stayed share. timeScale is how many times faster than the
+// client's clock the reported clock runs: 1 in the lab, the simulator's time
+// scale in a run, whose wall-clock times it multiplies and rates divides.
+func (r *Row) SetClientSide(sum agentload.Summary, timeScale float64) {
+	seconds := func(d time.Duration) float64 { return d.Seconds() * timeScale }
+	r.SessionsPerHour = sum.SessionsPerHour / timeScale
+	r.OutputTokensPerMin = sum.OutputTokensPerMin / timeScale
+	r.TTFBP50S = seconds(sum.TTFBP50)
+	r.TTFBP95S = seconds(sum.TTFBP95)
+	r.TTFBMeanS = seconds(sum.TTFBMean)
+	r.ConversationP50S = seconds(sum.ConversationP50)
+	r.ConversationP95S = seconds(sum.ConversationP95)
+	r.ConversationMeanS = seconds(sum.ConversationMean)
+	r.ConversationsTimed = sum.ConversationsTimed
+	r.ConversationsCut = sum.ConversationsCut
+	r.StayedPercent = sum.StayedPercent
+	r.Requests = sum.Requests
+	r.Errors = sum.Errors
+	r.Cut = sum.Cut
+	r.SessionsCompleted = sum.SessionsCompleted
 }
 
 // File is the JSON document written by --json.

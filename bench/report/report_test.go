@@ -10,6 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
 )
 
 func sampleRows() []Row {
@@ -24,6 +27,7 @@ func sampleRows() []Row {
 					TTFBP50S: 0.1 * f * float64(sessions), TTFBP95S: 0.5 * f * float64(sessions),
 					ReplicasBusy: 3.5, PrefixHitPercent: 80 + 10*float64(seed) - 30*float64(i),
 					StayedPercent: 100, HitBoundPercent: 86, Requests: 100, Preemptions: uint64(seed), Replicas: 4,
+					ConversationP50S: 30 * f, ConversationP95S: 60 * f, ConversationMeanS: 40 * f, ConversationsTimed: 10, ConversationsCut: 2,
 				})
 			}
 		}
@@ -63,13 +67,41 @@ func TestJSONRoundTripKeepsDesignFields(t *testing.T) {
 		}
 	}
 	for _, key := range []string{"sessions", "seed", "duration_s", "sessions_per_hour", "output_tokens_per_min",
-		"ttfb_p50_s", "ttfb_p95_s", "replicas_busy", "prefix_hit_percent", "stayed_percent", "hit_bound_percent"} {
+		"ttfb_p50_s", "ttfb_p95_s", "replicas_busy", "prefix_hit_percent", "stayed_percent", "hit_bound_percent",
+		"conversation_p50_s", "conversation_p95_s", "conversation_mean_s", "conversations_timed", "conversations_cut"} {
 		if _, ok := runs[0][key].(float64); !ok {
 			t.Errorf("field %q missing or not a number: %v", key, runs[0][key])
 		}
 	}
-	if runs[0]["mode"] != "lab" || runs[0]["sessions"] != 4.0 || runs[0]["ttfb_p95_s"] != rows[0].TTFBP95S {
+	if runs[0]["mode"] != "lab" || runs[0]["sessions"] != 4.0 || runs[0]["ttfb_p95_s"] != rows[0].TTFBP95S ||
+		runs[0]["conversation_p50_s"] != 30.0 || runs[0]["conversations_timed"] != 10.0 {
 		t.Errorf("first run reads %v", runs[0])
+	}
+}
+
+func TestJSONLeavesOutConversationTimesWhenNoneWasTimed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "results.json")
+	row := sampleRows()[0]
+	row.ConversationP50S, row.ConversationP95S, row.ConversationMeanS, row.ConversationsTimed = 0, 0, 0, 0
+	if err := WriteJSON(path, []Row{row}); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string][]map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	run := doc["runs"][0]
+	for _, key := range []string{"conversation_p50_s", "conversation_p95_s", "conversation_mean_s"} {
+		if _, ok := run[key]; ok {
+			t.Errorf("%s written with no conversation timed: %v", key, run)
+		}
+	}
+	if run["conversations_timed"] != 0.0 || run["conversations_cut"] != 2.0 {
+		t.Errorf("conversations_timed reads %v, conversations_cut %v; want 0 and 2", run["conversations_timed"], run["conversations_cut"])
 	}
 }
 
@@ -99,18 +131,7 @@ func TestTableShowsSeedBesideOursWithSpread(t *testing.T) {
 	}
 	text := out.String()
 	lines := strings.Split(strings.TrimSpace(text), "\n")
-	find := func(sessions, label string) []string {
-		for _, l := range lines {
-			if f := strings.Fields(l); len(f) > 2 && f[0] == sessions && strings.Join(f[1:len(f)-len(tableMetrics)-1], " ") == label {
-				return f[len(f)-len(tableMetrics):]
-			}
-		}
-		t.Fatalf("no line for %s sessions, %q in\n%s", sessions, label, text)
-		return nil
-	}
-	column := func(m metric) int {
-		return slices.IndexFunc(tableMetrics, func(c metric) bool { return c.header == m.header })
-	}
+	find := func(sessions, label string) []string { return tableCells(t, text, sessions, label) }
 
 	seedOn := find("4", "seed on")
 	if seedOn[column(prefixHits)] != "86.4" || seedOn[column(hitBound)] != "-" || seedOn[column(preemptions)] != "-" {
@@ -140,6 +161,72 @@ func TestTableShowsSeedBesideOursWithSpread(t *testing.T) {
 	}
 	if !slices.Equal(order, []string{"seed", "seed", "warden", "vllm"}) {
 		t.Errorf("order at 4 sessions %v", order)
+	}
+}
+
+// tableCells returns the numeric cells of the table's line for a level and a label.
+func tableCells(t *testing.T, text, sessions, label string) []string {
+	t.Helper()
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == sessions && strings.Join(f[1:len(f)-len(tableMetrics)-1], " ") == label {
+			return f[len(f)-len(tableMetrics):]
+		}
+	}
+	t.Fatalf("no line for %s sessions, %q in\n%s", sessions, label, text)
+	return nil
+}
+
+// column is the index of a metric's cell among tableCells.
+func column(m metric) int {
+	return slices.IndexFunc(tableMetrics, func(c metric) bool { return c.header == m.header })
+}
+
+func TestTableShowsTimePerConversation(t *testing.T) {
+	rows := sampleRows()
+	// vllm at 16 sessions timed no conversation in its second seed.
+	for i, r := range rows {
+		if r.Policy == "vllm" && r.Sessions == 16 && r.Seed == 2 {
+			rows[i].ConversationP50S, rows[i].ConversationP95S, rows[i].ConversationsTimed = 0, 0, 0
+		}
+	}
+	var out bytes.Buffer
+	if err := PrintTable(&out, rows); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	header := strings.Split(text, "\n")[0]
+	if !strings.Contains(header, "Conv p50 (s)") || !strings.Contains(header, "Conv p95 (s)") {
+		t.Errorf("header lacks the conversation columns: %q", header)
+	}
+	// warden's seeds 1 and 2 timed 30 and 60 s (p50), 60 and 120 s (p95):
+	// means 45 and 90, standard deviations 15√2 and 30√2.
+	for _, c := range []struct {
+		sessions, label string
+		p50, p95        string
+	}{
+		{"4", "warden", "45.0±21.2", "90.0±42.4"},
+		{"16", "warden", "45.0±21.2", "90.0±42.4"},
+		{"4", "vllm", "75.0±21.2", "150.0±42.4"},
+		{"16", "vllm", "-", "-"},
+		{"4", "seed on", "-", "-"},
+		{"16", "seed off", "-", "-"},
+	} {
+		cells := tableCells(t, text, c.sessions, c.label)
+		if got := cells[column(conversationP50)]; got != c.p50 {
+			t.Errorf("%s at %s sessions: Conv p50 %q, want %q", c.label, c.sessions, got, c.p50)
+		}
+		if got := cells[column(conversationP95)]; got != c.p95 {
+			t.Errorf("%s at %s sessions: Conv p95 %q, want %q", c.label, c.sessions, got, c.p95)
+		}
+	}
+
+	// One seed: the plain figure.
+	out.Reset()
+	if err := PrintTable(&out, rows[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := tableCells(t, out.String(), "4", "warden")[column(conversationP95)]; got != "60.0" {
+		t.Errorf("one seed: Conv p95 %q, want 60.0", got)
 	}
 }
 
@@ -201,5 +288,33 @@ func TestSeedRowsMatchTheDesignTable(t *testing.T) {
 	}
 	if got := SeedFor([]Row{{Sessions: 8}, {Sessions: 24}}); len(got) != 4 || got[0].Sessions != 8 || got[3].Sessions != 24 {
 		t.Errorf("SeedFor(8, 24) = %+v", got)
+	}
+}
+
+func TestSetClientSideScalesTimesAndRates(t *testing.T) {
+	sum := agentload.Summary{
+		SessionsPerHour: 600, OutputTokensPerMin: 50_000,
+		TTFBP50: 20 * time.Millisecond, TTFBP95: 300 * time.Millisecond, TTFBMean: 100 * time.Millisecond,
+		ConversationsTimed: 7, ConversationsCut: 1,
+		ConversationP50: 4 * time.Second, ConversationP95: 9 * time.Second, ConversationMean: 5 * time.Second,
+		StayedPercent: 93.5, Requests: 120, Errors: 2, Cut: 3, SessionsCompleted: 8,
+	}
+	// A run whose simulator ran 10 times faster than the client's clock.
+	var r Row
+	r.SetClientSide(sum, 10)
+	want := Row{
+		SessionsPerHour: 60, OutputTokensPerMin: 5000,
+		TTFBP50S: 0.2, TTFBP95S: 3, TTFBMeanS: 1,
+		ConversationsTimed: 7, ConversationsCut: 1, ConversationP50S: 40, ConversationP95S: 90, ConversationMeanS: 50,
+		StayedPercent: 93.5, Requests: 120, Errors: 2, Cut: 3, SessionsCompleted: 8,
+	}
+	if !reflect.DeepEqual(r, want) {
+		t.Errorf("time scale 10:\n got %+v\nwant %+v", r, want)
+	}
+	// The lab's clock is the reported one.
+	var lab Row
+	lab.SetClientSide(sum, 1)
+	if lab.ConversationP50S != 4 || lab.ConversationP95S != 9 || lab.ConversationMeanS != 5 || lab.TTFBP95S != 0.3 || lab.OutputTokensPerMin != 50_000 {
+		t.Errorf("time scale 1: %+v", lab)
 	}
 }

@@ -17,7 +17,8 @@ var (
 )
 
 var setupMetrics = []metric{
-	outputPerMin, ttfbP50, ttfbP95, prefixHits, stayedPercent, turnsOnReplica, newConversations, newSpread, errorCount,
+	outputPerMin, ttfbP50, ttfbP95, conversationP50, conversationP95, prefixHits, stayedPercent, turnsOnReplica,
+	newConversations, newSpread, errorCount,
 }
 
 // HasSetups reports whether some rows come from more than one Caddy

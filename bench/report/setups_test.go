@@ -27,7 +27,7 @@ func TestSetupsTableLabelsAndChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := out.String()
-	for _, want := range []string{"1 instance", "×3 none", "×3 redis",
+	for _, want := range []string{"Conv p50 (s)", "Conv p95 (s)", "1 instance", "×3 none", "×3 redis",
 		"hits 85.5% vs 86.0% (-0.5 points): ok",
 		"turns on their conversation's replica 99.50%: ok",
 		"spread 3.0 vs 1.0: MISSED",

@@ -10,8 +10,10 @@ import (
 
 // PrintTable writes the seed's table layout (DESIGN §1) with one line per
 // policy and level, the seed's own numbers first at each level (added from
-// SeedRows when rows hold none), then ours, plus the hit bound, preemptions
-// and errors. Over several seeds each cell is "mean±standard deviation".
+// SeedRows when rows hold none), then ours, plus the hit bound, the TTFB
+// mean, the time per conversation (p50, p95), preemptions and errors. Over
+// several seeds each cell is "mean±standard deviation"; "-" is a figure not
+// measured (the seed's columns it lacks; no conversation timed).
 func PrintTable(w io.Writer, rows []Row) error {
 	if !hasMode(rows, ModeSeed) {
 		rows = append(SeedFor(rows), rows...)

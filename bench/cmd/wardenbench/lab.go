@@ -39,8 +39,8 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "lab: %d replicas of %s, %v warm-up then %v measured per level, seeds %v, %s fleet per run\n\n",
-		cfg.Replicas, cfg.Profile.Name, cfg.Warmup, cfg.Duration, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
+	fmt.Fprintf(stdout, "lab: %d replicas of %s, %v warm-up then %v measured per level (conversations sent in it timed to their end, up to %v past it), seeds %v, %s fleet per run\n\n",
+		cfg.Replicas, cfg.Profile.Name, cfg.Warmup, cfg.Duration, cfg.ConversationTail, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
 	if err := present(c, rows, stdout); err != nil {
 		return err
 	}

@@ -32,6 +32,20 @@ func TestLabWritesTableJSONAndPlots(t *testing.T) {
 	}
 }
 
+func TestNoteUntimedConversations(t *testing.T) {
+	var out bytes.Buffer
+	rows := []report.Row{{ConversationsTimed: 7, ConversationsCut: 2}, {ConversationsTimed: 0, ConversationsCut: 1}}
+	noteUntimedConversations(&out, rows)
+	if !strings.Contains(out.String(), "leave out 3 of the 10 conversations") {
+		t.Errorf("note reads %q", out.String())
+	}
+	out.Reset()
+	noteUntimedConversations(&out, []report.Row{{ConversationsTimed: 7}})
+	if out.Len() != 0 {
+		t.Errorf("a note with every conversation timed: %q", out.String())
+	}
+}
+
 // runForRows runs wardenbench with args and --json jsonPath, and returns
 // its output and the rows it wrote.
 func runForRows(t *testing.T, jsonPath string, args ...string) (string, []report.Row) {

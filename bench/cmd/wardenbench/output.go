@@ -15,6 +15,7 @@ func present(c *common, rows []report.Row, stdout io.Writer) error {
 	if err := report.PrintTable(stdout, rows); err != nil {
 		return err
 	}
+	noteUntimedConversations(stdout, rows)
 	if err := writeJSON(c, rows, stdout); err != nil {
 		return err
 	}
@@ -26,6 +27,20 @@ func present(c *common, rows []report.Row, stdout io.Writer) error {
 		printPaths(stdout, "Plots", paths)
 	}
 	return nil
+}
+
+// noteUntimedConversations says how many conversations sent in the window
+// the Conv columns leave out because the load stopped before they ended
+// (the window's end in a run): those columns then favour short conversations.
+func noteUntimedConversations(w io.Writer, rows []report.Row) {
+	timed, cut := 0, 0
+	for _, r := range rows {
+		timed, cut = timed+r.ConversationsTimed, cut+r.ConversationsCut
+	}
+	if cut > 0 {
+		fmt.Fprintf(w, "\nConv p50/p95 leave out %d of the %d conversations sent in the window, still under way when the load stopped: they favour short conversations.\n",
+			cut, timed+cut)
+	}
 }
 
 // writeJSON writes rows to --json, if given.

@@ -1,0 +1,95 @@
+package lab
+
+import (
+	"time"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// Warden with load control (selection.AdmissionConfig): turns of
+// conversations that do not fit in the replicas' caches wait at the proxy.
+const (
+	// PolicyAdmission has load control's defaults: the throughput mode.
+	PolicyAdmission = "warden-admission"
+	// PolicyAdmissionGentle lets resident conversations fill twice each
+	// replica's cache and never makes them yield: it holds turns only deep
+	// in overload (docs/policy.md#load-control).
+	PolicyAdmissionGentle = "warden-admission-gentle"
+)
+
+// gentleAdmission is PolicyAdmissionGentle's setting.
+var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}
+
+// admissionPolicy is the warden policy with load control, as Caddy runs it:
+// a turn asks for admission, waits (in virtual time) while its conversation
+// cannot be resident, is forced through after MaxWait, then is picked.
+type admissionPolicy struct {
+	*wardenPolicy
+	env     *Env
+	waiting map[*selection.Ticket]waiter
+}
+
+// waiter is a held turn: when it was queued and how to send it.
+type waiter struct {
+	since time.Duration
+	send  func()
+}
+
+func newAdmissionPolicy(admission selection.AdmissionConfig) PolicyFactory {
+	admission.Enabled = true
+	return func(env *Env) (Policy, error) {
+		w, err := newWarden(env, func(c *selection.Config) { c.Admission = admission })
+		if err != nil {
+			return nil, err
+		}
+		p := &admissionPolicy{wardenPolicy: w, env: env, waiting: map[*selection.Ticket]waiter{}}
+		env.Every(time.Second, p.forceOverdue)
+		return p, nil
+	}
+}
+
+// Hold asks for admission and sends the turn once admitted.
+func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func())) func() bool {
+	var t *selection.Ticket
+	send := func() {
+		d := p.view.Pick(selection.Request{Key: a.Key, Now: virtualTime(p.env.Now())})
+		rep, ok := d.Replica()
+		if !ok {
+			t.Done(virtualTime(p.env.Now()))
+			dispatch(-1, nil)
+			return
+		}
+		dispatch(p.index[rep.ID], func() {
+			d.Release()
+			t.Done(virtualTime(p.env.Now()))
+		})
+	}
+	t = p.view.Admit(selection.HashKey(a.Key), int(a.PromptBytes/4), nil, virtualTime(a.Now), func() {
+		delete(p.waiting, t)
+		send()
+	})
+	switch t.State() {
+	case selection.Admitted:
+		send()
+		return nil
+	case selection.Refused:
+		dispatch(-1, nil)
+		return nil
+	}
+	p.waiting[t] = waiter{since: a.Now, send: send}
+	return func() bool {
+		delete(p.waiting, t)
+		return t.Cancel(virtualTime(p.env.Now()))
+	}
+}
+
+// forceOverdue sends the turns that waited MaxWait, as Caddy's request
+// goroutines do when their timer fires.
+func (p *admissionPolicy) forceOverdue(now time.Duration) {
+	for t, w := range p.waiting {
+		if now-w.since >= p.view.MaxWait() && t.Force(virtualTime(now)) {
+			delete(p.waiting, t)
+			w.send()
+		}
+	}
+}

@@ -1,0 +1,403 @@
+package selection
+
+import (
+	"sync"
+	"time"
+)
+
+// Load control (issue 13). When the conversations' prompts no longer fit in
+// the replicas' KV caches together, every replica evicts the conversation
+// due next and re-prefills it a few seconds later: throughput collapses, as
+// Denning's working-set model predicts for memory. The cure is load control:
+// a replica keeps a set of resident conversations whose prompts fit in its
+// cache, and a turn of any other conversation waits at the proxy until a
+// resident one leaves, instead of evicting a resident's cache.
+//
+// A conversation becomes resident on a replica when one of its turns is
+// admitted there, and stays resident while its turns run and for Linger
+// after each (its tool pause), so that its next turn finds its cache. The
+// queue is first come, first served: the turn that waited longest goes
+// first, to its pin when the pin has room, else to the least-loaded replica
+// that has (its pin then moves there: a conversation that lost residency
+// has most likely lost its cache too).
+//
+// Admission holds no goroutine and reads no clock: the proxy waits on the
+// ticket in the request's own goroutine (Caddy), or the lab resumes the
+// request in virtual time, through the same code.
+
+// Defaults of AdmissionConfig.
+const (
+	DefaultAdmissionFill   = 1.3
+	DefaultAdmissionLinger = 6 * time.Second
+	DefaultAdmissionWait   = 5 * time.Minute
+	DefaultAdmissionQueue  = 1024
+	// DefaultAdmissionQuantum: half of the seed workload's conversation, the
+	// lab's best tail for the throughput (docs/policy.md#load-control).
+	DefaultAdmissionQuantum = 3
+)
+
+// AdmissionConfig is load control's settings; the zero value is off.
+type AdmissionConfig struct {
+	// Enabled turns load control on (it needs affinity).
+	Enabled bool
+	// CapacityTokens is each replica's KV cache in tokens; 0 reads it from
+	// the replica's metrics (vLLM's num_gpu_blocks × block_size).
+	CapacityTokens int
+	// Fill is the share of the capacity resident conversations may take.
+	Fill float64
+	// Linger is how long a conversation stays resident after its turn ends.
+	Linger time.Duration
+	// MaxWait bounds a turn's wait; the caller then lets it proceed (Force).
+	MaxWait time.Duration
+	// MaxQueue bounds the number of waiting turns; a turn beyond is refused.
+	MaxQueue int
+	// Quantum is how many turns a conversation keeps its residency while
+	// others wait: after that many, it yields at the end of its turn instead
+	// of lingering, and its next turn queues behind them, so that waits are
+	// spread over conversations' turns rather than all on their first; 0 is
+	// DefaultAdmissionQuantum, negative never yields.
+	Quantum int
+}
+
+func (c AdmissionConfig) withDefaults() AdmissionConfig {
+	if c.Fill <= 0 {
+		c.Fill = DefaultAdmissionFill
+	}
+	if c.Linger <= 0 {
+		c.Linger = DefaultAdmissionLinger
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultAdmissionWait
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = DefaultAdmissionQueue
+	}
+	if c.Quantum == 0 {
+		c.Quantum = DefaultAdmissionQuantum
+	}
+	return c
+}
+
+// TicketState is where a turn stands with load control.
+type TicketState uint8
+
+// Ticket states.
+const (
+	// Admitted: the turn may go to its replica now.
+	Admitted TicketState = iota
+	// Waiting: the turn is queued; ready is called when it is admitted.
+	Waiting
+	// Refused: the queue is full; the turn should be answered "overloaded".
+	Refused
+	// Gone: the turn ended (Done) or left the queue (Cancel).
+	Gone
+)
+
+// Ticket is one turn's place with load control. Its methods are safe on a
+// nil ticket (load control off), which is always admitted.
+type Ticket struct {
+	view     *View
+	key      uint64
+	tokens   int
+	usable   func(string) bool
+	ready    func()
+	queuedAt int64
+	state    TicketState
+	res      *resident // set once admitted
+}
+
+// resident is a conversation holding its place in a replica's cache.
+type resident struct {
+	rep       *replicaState
+	tokens    int
+	running   int   // turns admitted and not done
+	turns     int   // turns admitted since it became resident
+	idleSince int64 // when the last turn ended, if running is 0
+}
+
+// gate is a router's load-control state; it outlives config loads.
+type gate struct {
+	mu        sync.Mutex
+	residents map[uint64]*resident
+	held      map[*replicaState]int // resident tokens per replica
+	queue     []*Ticket
+
+	admitted, queued, forced, refused, cancelled uint64
+}
+
+func newGate() *gate {
+	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]int{}}
+}
+
+// Admit asks load control whether a turn of the conversation key, whose
+// prompt is about tokens long, may go to a replica now. With load control
+// off, affinity off or no key, it returns nil: admitted, nothing tracked.
+// A Waiting ticket calls ready, once and outside every lock, when it is
+// admitted; the caller must then Pick, and end the ticket with Done, or
+// leave the queue with Cancel or Force.
+func (v *View) Admit(key uint64, tokens int, usable func(string) bool, now time.Time, ready func()) *Ticket {
+	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
+		return nil
+	}
+	g := v.router.gate
+	t := &Ticket{view: v, key: key, tokens: max(tokens, 1), usable: usable, ready: ready}
+	g.mu.Lock()
+	notify := v.expire(now.UnixNano())
+	switch {
+	case g.residents[key] != nil:
+		g.admit(t, g.residents[key].rep)
+	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano()):
+	case len(g.queue) >= v.cfg.Admission.MaxQueue:
+		t.state = Refused
+		g.refused++
+	default:
+		t.state, t.queuedAt = Waiting, now.UnixNano()
+		g.queue = append(g.queue, t)
+		g.queued++
+	}
+	g.mu.Unlock()
+	runAll(notify)
+	return t
+}
+
+// State reports where the ticket stands.
+func (t *Ticket) State() TicketState {
+	if t == nil {
+		return Admitted
+	}
+	g := t.view.router.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return t.state
+}
+
+// Done ends an admitted turn: its conversation stays resident for Linger.
+// It is a no-op in any other state, so a deferred Done is always safe.
+func (t *Ticket) Done(now time.Time) {
+	if t == nil {
+		return
+	}
+	g := t.view.router.gate
+	g.mu.Lock()
+	if t.state != Admitted {
+		g.mu.Unlock()
+		return
+	}
+	t.state = Gone
+	t.res.running--
+	if t.res.running == 0 {
+		t.res.idleSince = now.UnixNano()
+		if q := t.view.cfg.Admission.Quantum; q > 0 && t.res.turns >= q && len(g.queue) > 0 {
+			t.res.idleSince -= int64(t.view.cfg.Admission.Linger) // yield now
+		}
+	}
+	notify := t.view.expire(now.UnixNano())
+	g.mu.Unlock()
+	runAll(notify)
+}
+
+// Cancel takes a waiting turn out of the queue (its client went away) and
+// reports whether it was waiting; an admitted turn is ended as by Done.
+func (t *Ticket) Cancel(now time.Time) bool {
+	if t == nil {
+		return false
+	}
+	g := t.view.router.gate
+	g.mu.Lock()
+	if t.state != Waiting {
+		g.mu.Unlock()
+		t.Done(now)
+		return false
+	}
+	g.unqueue(t)
+	t.state = Gone
+	g.cancelled++
+	notify := t.view.admitQueued(now.UnixNano())
+	g.mu.Unlock()
+	runAll(notify)
+	return true
+}
+
+// Force admits a waiting turn over capacity (it waited MaxWait) and reports
+// whether it was waiting; it goes to its pin, or is placed by load.
+func (t *Ticket) Force(now time.Time) bool {
+	if t == nil {
+		return false
+	}
+	g := t.view.router.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if t.state != Waiting {
+		return false
+	}
+	g.unqueue(t)
+	g.forced++
+	rep := t.view.router.pinOf(t.key, now.UnixNano(), int64(t.view.cfg.SessionTTL))
+	if rep == nil || !t.view.usable(rep, t.usable) {
+		rep = t.view.leastLoaded(t.usable, t.key, true)
+	}
+	if rep == nil {
+		t.state = Gone // Pick will find no replica either
+		return true
+	}
+	g.admit(t, rep)
+	return true
+}
+
+// MaxWait is how long a turn may wait before the caller forces it.
+func (v *View) MaxWait() time.Duration { return v.cfg.Admission.MaxWait }
+
+// admit makes t's conversation resident on rep (g.mu held).
+func (g *gate) admit(t *Ticket, rep *replicaState) {
+	res := g.residents[t.key]
+	switch {
+	case res == nil:
+		res = &resident{rep: rep}
+		g.residents[t.key] = res
+	case res.rep != rep:
+		g.held[res.rep] -= res.tokens
+		res.rep = rep
+		res.tokens = 0
+	}
+	g.held[rep] += t.tokens - res.tokens
+	res.tokens = t.tokens
+	res.running++
+	res.turns++
+	t.res, t.state = res, Admitted
+	g.admitted++
+}
+
+func (g *gate) unqueue(t *Ticket) {
+	for i, q := range g.queue {
+		if q == t {
+			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			return
+		}
+	}
+}
+
+// expire ends the residency of conversations idle past Linger, then admits
+// queued turns into the room freed (g.mu held); it returns the ready
+// callbacks to run once the lock is released.
+func (v *View) expire(now int64) []func() {
+	g := v.router.gate
+	linger := int64(v.cfg.Admission.Linger)
+	for key, res := range g.residents {
+		if res.running == 0 && now-res.idleSince >= linger {
+			g.held[res.rep] -= res.tokens
+			delete(g.residents, key)
+		}
+	}
+	return v.admitQueued(now)
+}
+
+// admitQueued admits queued turns in order while the head finds room.
+func (v *View) admitQueued(now int64) []func() {
+	g := v.router.gate
+	var notify []func()
+	for len(g.queue) > 0 {
+		t := g.queue[0]
+		if !t.view.admitOne(t, now) {
+			break
+		}
+		g.queue = g.queue[1:]
+		if t.ready != nil {
+			notify = append(notify, t.ready)
+		}
+	}
+	return notify
+}
+
+// admitOne admits t if its pin, or else the least-loaded replica, has room
+// for its tokens (g.mu held), moving the pin to where it is admitted.
+func (v *View) admitOne(t *Ticket, now int64) bool {
+	r := v.router
+	pin := r.pinOf(t.key, now, int64(v.cfg.SessionTTL))
+	if pin != nil && v.usable(pin, t.usable) && v.hasRoom(pin, t.tokens) {
+		r.gate.admit(t, pin)
+		return true
+	}
+	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.hasRoom(s, t.tokens) })
+	if s == nil {
+		return false
+	}
+	r.gate.admit(t, s)
+	r.settle(t.key, s, now)
+	return true
+}
+
+// settle pins key to s, where load control admitted it: a new conversation
+// is placed there, a pinned one moved there.
+func (r *Router) settle(key uint64, s *replicaState, now int64) {
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	switch e := sh.byKey[key]; {
+	case e == nil:
+		_, dropped := sh.insert(key, s, now)
+		r.evicted.Add(uint64(dropped))
+		s.placed.Add(1)
+	case e.pin != s:
+		e.repin(s)
+		s.replaced.Add(1)
+	}
+}
+
+// hasRoom reports whether tokens more fit in s's share of cache; a replica
+// with nothing resident takes any one conversation, however long.
+func (v *View) hasRoom(s *replicaState, tokens int) bool {
+	held := v.router.gate.held[s]
+	if held == 0 {
+		return true
+	}
+	capacity := v.cfg.Admission.CapacityTokens
+	if capacity <= 0 {
+		capacity = s.load.Load().KVTokens
+	}
+	if capacity <= 0 {
+		return true // unknown capacity: no control rather than none served
+	}
+	return float64(held+tokens) <= v.cfg.Admission.Fill*float64(capacity)
+}
+
+func runAll(fns []func()) {
+	for _, f := range fns {
+		f()
+	}
+}
+
+// AdmissionStatus is load control's state and counters since the router
+// started.
+type AdmissionStatus struct {
+	Enabled bool
+	// Waiting is the number of turns in the queue now.
+	Waiting int
+	// Admitted counts turns admitted, at once or from the queue (Forced
+	// included); Queued those that had to wait; Forced those admitted over
+	// capacity after MaxWait; Refused those turned away by a full queue;
+	// Cancelled those whose client left while they waited.
+	Admitted, Queued, Forced, Refused, Cancelled uint64
+}
+
+// residency is what a replica holds resident.
+type residency struct{ count, tokens int }
+
+// admissionStatus fills st and returns the residents per replica.
+func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]residency {
+	g := v.router.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	*st = AdmissionStatus{
+		Enabled: v.cfg.Admission.Enabled && v.cfg.Affinity,
+		Waiting: len(g.queue), Admitted: g.admitted, Queued: g.queued,
+		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled,
+	}
+	out := make(map[*replicaState]residency, len(v.replicas))
+	for _, res := range g.residents {
+		r := out[res.rep]
+		r.count++
+		r.tokens += res.tokens
+		out[res.rep] = r
+	}
+	return out
+}

@@ -1,0 +1,171 @@
+package selection
+
+import (
+	"testing"
+	"time"
+)
+
+// admissionRouter has two replicas whose caches each hold 100 tokens at
+// the default fill, and a conversation lingers 10s after its turn.
+func admissionRouter(maxQueue int) testRouter {
+	return newTestRouter(2, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: 10 * time.Second, MaxQueue: maxQueue,
+	}})
+}
+
+func mustState(t *testing.T, tk *Ticket, want TicketState) {
+	t.Helper()
+	if got := tk.State(); got != want {
+		t.Fatalf("ticket state %d, want %d", got, want)
+	}
+}
+
+func TestAdmissionHoldsWhatDoesNotFitAndAdmitsInOrder(t *testing.T) {
+	r := admissionRouter(0)
+	var ready []string
+	admit := func(key string, tokens int) *Ticket {
+		return r.Admit(HashKey(key), tokens, nil, t0, func() { ready = append(ready, key) })
+	}
+	a, b := admit("a", 80), admit("b", 80) // one per replica
+	mustState(t, a, Admitted)
+	mustState(t, b, Admitted)
+	if id(pick(t, r, "a")) == id(pick(t, r, "b")) {
+		t.Fatal("two conversations that each fill a cache were admitted on one replica")
+	}
+	c, d := admit("c", 50), admit("d", 10)
+	mustState(t, c, Waiting)
+	mustState(t, d, Waiting) // behind c, although it would fit
+	if again := admit("a", 90); again.State() != Admitted {
+		t.Fatal("a resident conversation's next turn waited")
+	}
+	a.Done(t0.Add(time.Second))
+	if len(ready) != 0 {
+		t.Fatalf("admitted %v while a's residency lingers", ready)
+	}
+	// a still has a turn running (again): its residency holds until that ends.
+	r.Sweep(t0.Add(time.Minute))
+	if len(ready) != 0 {
+		t.Fatalf("admitted %v while a still runs", ready)
+	}
+	st := r.Status()
+	if st.Admission.Waiting != 2 || st.Admission.Queued != 2 {
+		t.Fatalf("status %+v, want 2 waiting", st.Admission)
+	}
+}
+
+func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
+	r := admissionRouter(0)
+	var ready []string
+	admit := func(key string, tokens int) *Ticket {
+		return r.Admit(HashKey(key), tokens, nil, t0, func() { ready = append(ready, key) })
+	}
+	a, b := admit("a", 80), admit("b", 80)
+	c, d := admit("c", 50), admit("d", 40)
+	a.Done(t0.Add(time.Second))
+	b.Done(t0.Add(2 * time.Second))
+	r.Sweep(t0.Add(10 * time.Second))
+	if len(ready) != 0 {
+		t.Fatalf("admitted %v before a's residency ended", ready)
+	}
+	r.Sweep(t0.Add(11 * time.Second)) // a leaves: c and d fit in its room
+	if len(ready) != 2 || ready[0] != "c" || ready[1] != "d" {
+		t.Fatalf("admitted %v, want [c d]", ready)
+	}
+	mustState(t, c, Admitted)
+	mustState(t, d, Admitted)
+	if id(pick(t, r, "c")) != id(pick(t, r, "d")) {
+		t.Fatal("c and d were not admitted into the room a left")
+	}
+	if pin := id(pick(t, r, "c")); pin == id(pick(t, r, "b")) {
+		t.Fatalf("c was pinned to %s, b's replica, which has no room", pin)
+	}
+}
+
+func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
+	r := admissionRouter(0)
+	a := r.Admit(HashKey("a"), 100, nil, t0, nil)
+	b := r.Admit(HashKey("b"), 100, nil, t0, nil)
+	called := false
+	c := r.Admit(HashKey("c"), 100, nil, t0, func() { called = true })
+	mustState(t, c, Waiting)
+	if !c.Cancel(t0) {
+		t.Fatal("Cancel of a waiting ticket reported it was not waiting")
+	}
+	mustState(t, c, Gone)
+	a.Done(t0)
+	b.Done(t0)
+	r.Sweep(t0.Add(time.Hour))
+	st := r.Status()
+	if called || st.Admission.Waiting != 0 || st.Admission.Cancelled != 1 || st.InFlight != 0 {
+		t.Fatalf("after cancel: ready called %v, status %+v, in flight %d", called, st.Admission, st.InFlight)
+	}
+	for _, rs := range st.Replicas {
+		if rs.Residents != 0 || rs.ResidentTokens != 0 {
+			t.Fatalf("replica %s still holds %d residents (%d tokens) after every residency ended", rs.ID, rs.Residents, rs.ResidentTokens)
+		}
+	}
+	c.Done(t0) // a late Done of a cancelled ticket is harmless
+	var nilTicket *Ticket
+	nilTicket.Done(t0)
+}
+
+func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
+	r := admissionRouter(3)
+	r.Admit(HashKey("a"), 100, nil, t0, nil)
+	r.Admit(HashKey("b"), 100, nil, t0, nil)
+	refused := 0
+	for i := range 1000 {
+		if r.Admit(uint64(i+10), 50, nil, t0, nil).State() == Refused {
+			refused++
+		}
+	}
+	st := r.Status().Admission
+	if st.Waiting != 3 || refused != 997 || st.Refused != 997 {
+		t.Fatalf("flood of 1000 new conversations: waiting %d, refused %d (status %+v), want 3 and 997", st.Waiting, refused, st)
+	}
+}
+
+func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
+	r := admissionRouter(0)
+	r.Admit(HashKey("a"), 100, nil, t0, nil)
+	r.Admit(HashKey("b"), 100, nil, t0, nil)
+	c := r.Admit(HashKey("c"), 100, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
+	if !c.Force(t0.Add(time.Minute)) {
+		t.Fatal("Force of a waiting ticket reported it was not waiting")
+	}
+	mustState(t, c, Admitted)
+	if c.Force(t0) || c.Cancel(t0) {
+		t.Fatal("Force or Cancel of an admitted ticket reported it waiting")
+	}
+	if st := r.Status().Admission; st.Forced != 1 || st.Waiting != 0 {
+		t.Fatalf("status %+v, want 1 forced, none waiting", st)
+	}
+}
+
+func TestAdmissionOffAdmitsEverything(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	if tk := r.Admit(HashKey("a"), 1<<30, nil, t0, nil); tk != nil || tk.State() != Admitted {
+		t.Fatal("load control off returned a ticket")
+	}
+	on := admissionRouter(0)
+	if tk := on.Admit(0, 1<<30, nil, t0, nil); tk != nil {
+		t.Fatal("an unkeyed request got a ticket")
+	}
+}
+
+func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 2,
+	}})
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100, nil, t0, nil) }
+	turn("a").Done(t0) // a's first turn: it lingers, nobody waits
+	b := turn("b")
+	mustState(t, b, Waiting)
+	a2 := turn("a")
+	mustState(t, a2, Admitted) // still resident: its second turn goes
+	a2.Done(t0)                // its quantum is used up and b waits: a yields
+	mustState(t, b, Admitted)
+	if a3 := turn("a"); a3.State() != Waiting {
+		t.Fatal("a's third turn did not queue behind b after a yielded")
+	}
+}
