@@ -2,7 +2,6 @@ package report
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"slices"
 
@@ -119,10 +118,7 @@ func (p point) cell(m metric) string {
 	if math.IsNaN(mean) {
 		return "-"
 	}
-	if len(p.rows) < 2 {
-		return m.format(mean)
-	}
-	return fmt.Sprintf("%s±%s", m.format(mean), m.format(sd))
+	return formatStat(m, Stat{mean, sd}, len(p.rows))
 }
 
 // aggregate groups rows into points ordered by level, then seed rows first,

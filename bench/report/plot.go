@@ -110,13 +110,21 @@ func (c chart) save(path string, panels []panel) error {
 	}
 	img := vgimg.New(panelWidth*vg.Length(len(panels))+legendWidth, panelHeight)
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: 5 * vg.Millimeter, PadTop: 2 * vg.Millimeter,
-		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}
-	canvases := plot.Align([][]*plot.Plot{plots}, tiles, draw.Crop(dc, 0, -legendWidth, 0, 0))
+	canvases := plot.Align([][]*plot.Plot{plots}, panelTiles(len(panels)), draw.Crop(dc, 0, -legendWidth, 0, 0))
 	for i, p := range plots {
 		p.Draw(canvases[0][i])
 	}
 	legend.Draw(draw.Crop(dc, panelWidth*vg.Length(len(panels))+2*vg.Millimeter, 0, 0, -8*vg.Millimeter))
+	return savePNG(path, img)
+}
+
+// panelTiles lays out panels side by side.
+func panelTiles(panels int) draw.Tiles {
+	return draw.Tiles{Rows: 1, Cols: panels, PadX: 5 * vg.Millimeter, PadTop: 2 * vg.Millimeter,
+		PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}
+}
+
+func savePNG(path string, img *vgimg.Canvas) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err

@@ -86,6 +86,10 @@ type Row struct {
 	Replicas int `json:"replicas,omitempty"`
 	// Topology is how the end-to-end run laid out replicas: servers or ranks.
 	Topology string `json:"topology,omitempty"`
+	// ThinkTimeS is the workload's mean think time in seconds and Workload
+	// names its variant (lab.WorkloadVariants); wardenbench grid sets both.
+	ThinkTimeS float64 `json:"think_time_s,omitempty"`
+	Workload   string  `json:"workload,omitempty"`
 
 	// Instances is how many Caddy instances routed (behind a front that
 	// picks one at random per request); 0 or 1 is one, without a front.

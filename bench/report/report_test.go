@@ -3,7 +3,6 @@ package report
 import (
 	"bytes"
 	"encoding/json"
-	"image/png"
 	"math"
 	"os"
 	"path/filepath"
@@ -262,16 +261,7 @@ func TestPlotsAreValidPNGs(t *testing.T) {
 		if filepath.Base(p) != want[i] {
 			t.Errorf("plot %d is %s, want %s", i, p, want[i])
 		}
-		f, err := os.Open(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		img, err := png.Decode(f)
-		f.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		b := img.Bounds()
+		b := decodePNG(t, p).Bounds()
 		if b.Dx() < 300 || b.Dy() < 200 {
 			t.Errorf("%s is %dx%d", p, b.Dx(), b.Dy())
 		}

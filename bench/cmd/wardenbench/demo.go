@@ -34,11 +34,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("wardenbench demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("out", "wardenbench-demo", "directory for the JSON, the plots and the admin API's JSON")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err

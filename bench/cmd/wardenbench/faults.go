@@ -31,11 +31,8 @@ func runFaults(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&o.Instances, "instances", 1, "Caddy instances behind a random front; with more than one, the run kills one of them instead of the replica faults")
 	fs.StringVar(&o.PinStore, "pin-store", e2e.PinStoreNone, "what the instances share: none, or redis (a private redis-server, killed and restarted during the run)")
 	fs.DurationVar(&o.RedisOutage, "redis-outage", 10*time.Second, "how long Redis stays down, in wall time")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.Progress = func(phase string) { fmt.Fprintln(stderr, "faults:", phase) }
 	table, err := faults.Run(ctx, o)

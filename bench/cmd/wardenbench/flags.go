@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,29 @@ func (c *common) register(fs *flag.FlagSet) {
 	c.profile.RegisterFlags(fs)
 }
 
+// registerExcept registers the common flags but the named ones, which a
+// subcommand defines its own way.
+func (c *common) registerExcept(fs *flag.FlagSet, names ...string) {
+	all := flag.NewFlagSet("", flag.ContinueOnError)
+	c.register(all)
+	all.VisitAll(func(f *flag.Flag) {
+		if !slices.Contains(names, f.Name) {
+			fs.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+}
+
+// parseAll parses args, which must all be flags.
+func parseAll(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return nil
+}
+
 // seedList is --seeds if given, else --seed.
 func (c *common) seedList() []int64 {
 	if len(c.seeds) > 0 {
@@ -124,6 +148,30 @@ func (l *int64List) Set(s string) error {
 			return fmt.Errorf("%q is not an integer", f)
 		}
 		out = append(out, n)
+	}
+	*l = out
+	return nil
+}
+
+// durationList is a comma-separated list of positive durations.
+type durationList []time.Duration
+
+func (l *durationList) String() string {
+	parts := make([]string, len(*l))
+	for i, d := range *l {
+		parts[i] = d.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *durationList) Set(s string) error {
+	var out durationList
+	for _, f := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%q is not a positive duration", f)
+		}
+		out = append(out, d)
 	}
 	*l = out
 	return nil

@@ -22,20 +22,14 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	c.register(fs)
 	warm := fs.Bool("warm", false, "keep one fleet for every run of a seed (policies then levels, as the seed did) instead of a fresh fleet per run")
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	cfg, err := c.labConfig()
+	if err != nil {
+		return err
 	}
-	if w := c.workload; w.NoSessionID || w.Subagents > 0 || w.CompactionEvery > 0 {
-		// The lab keys each turn by its session and plays only a session's
-		// main line: these modes need the real path.
-		return fmt.Errorf("--no-session-id, --subagents and --compaction-every need wardenbench run")
-	}
-	cfg := lab.DefaultConfig()
-	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
-	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warm, cfg.Warmup = c.metricsIv, c.spill, *warm, c.warmup
+	cfg.Warm = *warm
 	plan := lab.Plan{Policies: c.policies, Levels: c.levels, Seeds: c.seedList()}
 
 	bar := newProgress(stderr, plan.Runs(), "lab")
@@ -52,4 +46,17 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "lab: %d runs in %.1fs\n", plan.Runs(), time.Since(started).Seconds())
 	return nil
+}
+
+// labConfig is the lab's configuration from the common flags.
+func (c *common) labConfig() (lab.Config, error) {
+	if w := c.workload; w.NoSessionID || w.Subagents > 0 || w.CompactionEvery > 0 {
+		// The lab keys each turn by its session and plays only a session's
+		// main line: these modes need the real path.
+		return lab.Config{}, fmt.Errorf("--no-session-id, --subagents and --compaction-every need wardenbench run")
+	}
+	cfg := lab.DefaultConfig()
+	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
+	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warmup = c.metricsIv, c.spill, c.warmup
+	return cfg, nil
 }

@@ -6,6 +6,9 @@
 //	wardenbench lab   virtual time, no HTTP: simulated engines, the routing
 //	                  core and the baselines, all levels in seconds
 //	wardenbench run   end to end: simulated vLLM replicas behind Caddy
+//	wardenbench grid  the lab over a grid of think times, levels, replica
+//	                  counts and conversation shapes: warden against the
+//	                  best baseline in every cell (docs/grid.md)
 //	wardenbench demo    a short end-to-end run at 4 and 16 sessions
 //	wardenbench faults  reloads, a killed replica, broken /metrics and /health
 //	                    under load: the fault table of docs/reliability.md
@@ -27,6 +30,7 @@ import (
 // subcommands maps names to their entry points, which parse their own flags.
 var subcommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
 	"lab":    runLab,
+	"grid":   runGrid,
 	"run":    runEndToEnd,
 	"demo":   runDemo,
 	"faults": runFaults,
@@ -40,7 +44,7 @@ func main() {
 
 func mainWithArgs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(stderr, "usage: wardenbench lab|run|demo|faults [flags]  (wardenbench SUBCOMMAND -h for the flags)")
+		fmt.Fprintln(stderr, "usage: wardenbench lab|grid|run|demo|faults [flags]  (wardenbench SUBCOMMAND -h for the flags)")
 		if len(args) == 0 {
 			return 2
 		}
@@ -48,7 +52,7 @@ func mainWithArgs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	cmd, ok := subcommands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "wardenbench: unknown subcommand %q (want lab, run, demo or faults)\n", args[0])
+		fmt.Fprintf(stderr, "wardenbench: unknown subcommand %q (want lab, grid, run, demo or faults)\n", args[0])
 		return 2
 	}
 	if err := cmd(ctx, args[1:], stdout, stderr); err != nil {

@@ -14,18 +14,9 @@ import (
 func TestLabWritesTableJSONAndPlots(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "lab.json")
-	var stdout, stderr bytes.Buffer
-	code := mainWithArgs(context.Background(), []string{"lab",
+	out, rows := runForRows(t, jsonPath, "lab",
 		"--sessions", "2,4", "--duration", "15s", "--seeds", "1,2", "--policies", "warden,vllm",
-		"--num-gpu-blocks", "3000", "--turns", "3", "--json", jsonPath, "--plots", dir,
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	rows, err := report.ReadJSON(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+		"--num-gpu-blocks", "3000", "--turns", "3", "--plots", dir)
 	if len(rows) != 2*2*2 {
 		t.Fatalf("%d rows, want 8", len(rows))
 	}
@@ -34,7 +25,6 @@ func TestLabWritesTableJSONAndPlots(t *testing.T) {
 			t.Fatalf("row %+v", r)
 		}
 	}
-	out := stdout.String()
 	for _, want := range []string{"seed on", "warden", "vllm", "±", report.TTFBPlot, jsonPath} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -54,6 +44,21 @@ func TestNoteUntimedConversations(t *testing.T) {
 	if out.Len() != 0 {
 		t.Errorf("a note with every conversation timed: %q", out.String())
 	}
+}
+
+// runForRows runs wardenbench with args and --json jsonPath, and returns
+// its output and the rows it wrote.
+func runForRows(t *testing.T, jsonPath string, args ...string) (string, []report.Row) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := mainWithArgs(context.Background(), append(args, "--json", jsonPath), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	rows, err := report.ReadJSON(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stdout.String(), rows
 }
 
 func TestFlagsAndSubcommandErrors(t *testing.T) {

@@ -16,21 +16,15 @@ func present(c *common, rows []report.Row, stdout io.Writer) error {
 		return err
 	}
 	noteUntimedConversations(stdout, rows)
-	if c.jsonPath != "" {
-		if err := report.WriteJSON(c.jsonPath, rows); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "\nJSON: %s\n", c.jsonPath)
+	if err := writeJSON(c, rows, stdout); err != nil {
+		return err
 	}
 	if c.plotsDir != "" {
 		paths, err := report.WritePlots(c.plotsDir, rows)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout, "\nPlots:")
-		for _, p := range paths {
-			fmt.Fprintf(stdout, "  %s\n", p)
-		}
+		printPaths(stdout, "Plots", paths)
 	}
 	return nil
 }
@@ -46,6 +40,25 @@ func noteUntimedConversations(w io.Writer, rows []report.Row) {
 	if cut > 0 {
 		fmt.Fprintf(w, "\nConv p50/p95 leave out %d of the %d conversations sent in the window, still under way when the load stopped: they favour short conversations.\n",
 			cut, timed+cut)
+	}
+}
+
+// writeJSON writes rows to --json, if given.
+func writeJSON(c *common, rows []report.Row, stdout io.Writer) error {
+	if c.jsonPath == "" {
+		return nil
+	}
+	if err := report.WriteJSON(c.jsonPath, rows); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nJSON: %s\n", c.jsonPath)
+	return nil
+}
+
+func printPaths(stdout io.Writer, what string, paths []string) {
+	fmt.Fprintf(stdout, "\n%s:\n", what)
+	for _, p := range paths {
+		fmt.Fprintf(stdout, "  %s\n", p)
 	}
 }
 

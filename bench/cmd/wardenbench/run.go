@@ -78,11 +78,8 @@ func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&opts.PinStore, "pin-store", e2e.PinStoreNone, "what the instances share: none, or redis (a private redis-server the run starts)")
 	fs.DurationVar(&opts.CompactionInterval, "compaction-interval", 0, "warden's compaction_interval in simulated time (0: the product's default, 1m)")
 	fs.BoolVar(&opts.Compare, "compare", true, "with --instances > 1, measure one instance and (with a pin store) the instances without it first, and compare")
-	if err := fs.Parse(args); err != nil {
+	if err := parseAll(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	policiesSet := false
 	fs.Visit(func(f *flag.Flag) { policiesSet = policiesSet || f.Name == "policies" })
