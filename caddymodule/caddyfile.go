@@ -60,6 +60,13 @@ func init() {
 //			metrics_interval <duration>
 //			pin_snapshot_interval <duration>|off
 //			pin_store local|redis { ... }    # overrides the app's
+//			load_control [on|off] {          # hold turns that do not fit in the KV caches
+//				fill <share>                 # of each replica's KV capacity (default 1.2)
+//				linger <duration>            # residency after a turn (default 6s)
+//				max_wait <duration>          # then the turn proceeds (default 5m)
+//				max_queue <n>                # then turns are refused, 503 (default 1024)
+//				capacity_tokens <n>          # per replica; 0 reads /metrics
+//			}
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -191,6 +198,8 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			m.PinSnapshotInterval, err = durationOrOff(d)
 		case "pin_store":
 			m.PinStore, err = parsePinStore(d)
+		case "load_control":
+			m.LoadControl, err = parseLoadControl(d)
 		default:
 			return nil, d.Errf("unrecognized model option %q", opt)
 		}
