@@ -54,7 +54,9 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 		return false
 	case selection.Waiting:
 		sent := p.wait(r, t, ready)
-		caddyhttp.SetVar(ctx, varQueued, time.Since(start).Seconds())
+		waited := time.Since(start).Seconds()
+		caddyhttp.SetVar(ctx, varQueued, waited)
+		loadControlWaitSeconds.WithLabelValues(p.Model).Observe(waited)
 		return sent
 	}
 	caddyhttp.SetVar(ctx, varQueued, 0.0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -207,6 +208,29 @@ func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
 		st := f.status(t).LoadControl
 		if st.Queued != start.Queued+1 || st.Forced != start.Forced {
 			t.Errorf("counters %+v (before %+v), want 1 more queued, none forced", st, start)
+		}
+	})
+
+	t.Run("its series are documented and agree with the admin JSON", func(t *testing.T) {
+		families := scrapeMetrics(t, f)
+		checkMetricsDocumented(t, families, loadControlSeries)
+		st := f.status(t).LoadControl
+		turns := map[string]float64{}
+		for _, m := range families["caddy_warden_load_control_turns_total"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					turns[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+		want := map[string]float64{"admitted": float64(st.Admitted), "queued": float64(st.Queued), "forced": float64(st.Forced),
+			"refused": float64(st.Refused), "cancelled": float64(st.Cancelled)}
+		if !maps.Equal(turns, want) {
+			t.Errorf("turns_total %v, admin JSON %v", turns, want)
+		}
+		waits := families["caddy_warden_load_control_wait_seconds"].GetMetric()
+		if len(waits) != 1 || float64(waits[0].GetHistogram().GetSampleCount()) != want["queued"] {
+			t.Errorf("wait_seconds %v, want one observation per queued turn (%v)", waits, want["queued"])
 		}
 	})
 }
