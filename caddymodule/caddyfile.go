@@ -305,15 +305,25 @@ func parseSpillThreshold(d *caddyfile.Dispenser, m *ModelConfig) error {
 }
 
 func positiveInt(d *caddyfile.Dispenser) (int, error) {
+	return argument(d, "a positive integer", func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n >= 1
+	})
+}
+
+// argument reads the option's one argument with parse, which reports
+// whether it is valid; expected says what is, in the error.
+func argument[T any](d *caddyfile.Dispenser, expected string, parse func(string) (T, bool)) (T, error) {
 	opt := d.Val()
+	var zero T
 	if !d.NextArg() {
-		return 0, d.Errf("%s: expected a positive integer", opt)
+		return zero, d.Errf("%s: expected %s", opt, expected)
 	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < 1 {
-		return 0, d.Errf("%s: expected a positive integer, got %q", opt, d.Val())
+	v, ok := parse(d.Val())
+	if !ok {
+		return zero, d.Errf("%s: expected %s, got %q", opt, expected, d.Val())
 	}
-	return n, nil
+	return v, nil
 }
 
 func onOff(d *caddyfile.Dispenser) (bool, error) {

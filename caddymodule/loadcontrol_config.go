@@ -109,24 +109,15 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 }
 
 func positiveNumber(d *caddyfile.Dispenser) (float64, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.Errf("%s: expected a positive number such as 1.2", opt)
-	}
-	v, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || !(v > 0) || math.IsInf(v, 0) {
-		return 0, d.Errf("%s: expected a positive number such as 1.2, got %q", opt, d.Val())
-	}
-	return v, nil
+	return argument(d, "a positive number such as 1.2", func(s string) (float64, bool) {
+		v, err := strconv.ParseFloat(s, 64)
+		return v, err == nil && v > 0 && !math.IsInf(v, 0)
+	})
 }
 
 func capacityTokens(d *caddyfile.Dispenser) (int, error) {
-	if !d.NextArg() {
-		return 0, d.Err("capacity_tokens: expected a number of tokens, or 0 to read it from /metrics")
-	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < 0 {
-		return 0, d.Errf("capacity_tokens: expected a number of tokens, or 0 to read it from /metrics, got %q", d.Val())
-	}
-	return n, nil
+	return argument(d, "a number of tokens, or 0 to read it from /metrics", func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n >= 0
+	})
 }

@@ -126,6 +126,24 @@ func received(t *testing.T, done <-chan selectResult) selectResult {
 	}
 }
 
+// routeResident routes a turn of conversation "a", which runs, and so
+// fills the replica, until the test ends.
+func (fx *selectFixture) routeResident(t *testing.T) {
+	t.Helper()
+	_, end, done := fx.selectAsync(t, "a", nil)
+	t.Cleanup(end)
+	received(t, done)
+}
+
+// queue sends a turn of conv, which must wait, and returns once it waits.
+func (fx *selectFixture) queue(t *testing.T, conv string) (r *http.Request, end context.CancelFunc, done <-chan selectResult) {
+	t.Helper()
+	r, end, done = fx.selectAsync(t, conv, nil)
+	t.Cleanup(end)
+	waitFor(t, conv+" queued", func() bool { return fx.admission().Waiting == 1 })
+	return r, end, done
+}
+
 // A second conversation waits in Select until the first one's residency
 // ends (its request ended, then its linger), then is routed.
 func TestSelectLoadControlHoldsUntilAdmitted(t *testing.T) {
@@ -134,9 +152,7 @@ func TestSelectLoadControlHoldsUntilAdmitted(t *testing.T) {
 	if s := received(t, doneA); s.upstream != addrA || s.queued != 0.0 {
 		t.Fatalf("first conversation: %+v, want routed at once", s)
 	}
-	_, endB, doneB := fx.selectAsync(t, "b", nil)
-	defer endB()
-	waitFor(t, "b queued", func() bool { return fx.admission().Waiting == 1 })
+	_, _, doneB := fx.queue(t, "b")
 	endA()
 	fx.f.Tick(time.Now()) // a's linger has not passed: b still waits
 	select {
@@ -162,11 +178,8 @@ func TestSelectLoadControlHoldsUntilAdmitted(t *testing.T) {
 // no trace; its retries are not admitted again.
 func TestSelectLoadControlClientGone(t *testing.T) {
 	fx := loadControlFixture(t, 0, time.Minute)
-	_, endA, doneA := fx.selectAsync(t, "a", nil)
-	defer endA()
-	received(t, doneA)
-	r, endB, doneB := fx.selectAsync(t, "b", nil)
-	waitFor(t, "b queued", func() bool { return fx.admission().Waiting == 1 })
+	fx.routeResident(t)
+	r, endB, doneB := fx.queue(t, "b")
 	endB()
 	if s := received(t, doneB); s.upstream != "" || s.outcome != outcomeCancelled {
 		t.Fatalf("b after its client left: %+v, want no upstream, outcome cancelled", s)
@@ -186,9 +199,7 @@ func TestSelectLoadControlClientGone(t *testing.T) {
 // A turn that waited max_wait is sent anyway.
 func TestSelectLoadControlForcesAfterMaxWait(t *testing.T) {
 	fx := loadControlFixture(t, 0, 50*time.Millisecond)
-	_, endA, doneA := fx.selectAsync(t, "a", nil)
-	defer endA()
-	received(t, doneA)
+	fx.routeResident(t)
 	start := time.Now()
 	_, endB, doneB := fx.selectAsync(t, "b", nil)
 	defer endB()
@@ -206,12 +217,8 @@ func TestSelectLoadControlForcesAfterMaxWait(t *testing.T) {
 // asking again.
 func TestSelectLoadControlRefusesWhenTheQueueIsFull(t *testing.T) {
 	fx := loadControlFixture(t, 1, time.Minute)
-	_, endA, doneA := fx.selectAsync(t, "a", nil)
-	defer endA()
-	received(t, doneA)
-	_, endB, _ := fx.selectAsync(t, "b", nil)
-	defer endB()
-	waitFor(t, "b queued", func() bool { return fx.admission().Waiting == 1 })
+	fx.routeResident(t)
+	fx.queue(t, "b")
 	w := httptest.NewRecorder()
 	r, endC, doneC := fx.selectAsync(t, "c", w)
 	defer endC()
