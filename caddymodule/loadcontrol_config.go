@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -60,11 +61,11 @@ func (c *LoadControlConfig) validate() error {
 	case c == nil:
 		return nil
 	case c.Fill < 0 || math.IsNaN(c.Fill) || math.IsInf(c.Fill, 0):
-		return errors.New("load_control: fill must be a positive number (0 for the default, 1.2)")
+		return fmt.Errorf("load_control: fill must be a positive number (0 for the default, %g)", selection.DefaultAdmissionFill)
 	case c.Linger < 0, c.MaxWait < 0:
 		return errors.New("load_control: linger and max_wait must be positive durations (0 for the defaults)")
 	case c.MaxQueue < 0:
-		return errors.New("load_control: max_queue must be positive (0 for the default, 1024)")
+		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
 	case c.CapacityTokens < 0:
 		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
 	}
