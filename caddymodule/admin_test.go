@@ -36,13 +36,20 @@ func adminMux(t *testing.T) (*http.ServeMux, *error) {
 // until the test ends.
 func liveModel(t *testing.T, name string) {
 	t.Helper()
-	l, err := loadModel(name, &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}}, nil, nil, zap.NewNop())
+	liveLoad(t, name, &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:9"}}})
+}
+
+// liveLoad is liveModel with the model's configuration, whose load it returns.
+func liveLoad(t *testing.T, name string, cfg *ModelConfig) *modelLoad {
+	t.Helper()
+	l, err := loadModel(name, cfg, nil, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = models.Delete(name) })
 	l.model.activate(l)
 	t.Cleanup(func() { l.model.deactivate(l) })
+	return l
 }
 
 // The admin routes' refusals, in process. Their success path goes through

@@ -60,6 +60,13 @@ func init() {
 //			metrics_interval <duration>
 //			pin_snapshot_interval <duration>|off
 //			pin_store local|redis { ... }    # overrides the app's
+//			load_control [on|off] {          # hold turns that do not fit in the KV caches
+//				fill <share>                 # of each replica's KV capacity (default 1.2)
+//				linger <duration>            # residency after a turn (default 6s)
+//				max_wait <duration>          # then the turn proceeds (default 5m)
+//				max_queue <n>                # then turns are refused, 503 (default 1024)
+//				capacity_tokens <n>          # per replica; 0 reads /metrics
+//			}
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -191,6 +198,8 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 			m.PinSnapshotInterval, err = durationOrOff(d)
 		case "pin_store":
 			m.PinStore, err = parsePinStore(d)
+		case "load_control":
+			m.LoadControl, err = parseLoadControl(d)
 		default:
 			return nil, d.Errf("unrecognized model option %q", opt)
 		}
@@ -296,15 +305,25 @@ func parseSpillThreshold(d *caddyfile.Dispenser, m *ModelConfig) error {
 }
 
 func positiveInt(d *caddyfile.Dispenser) (int, error) {
+	return argument(d, "a positive integer", func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n >= 1
+	})
+}
+
+// argument reads the option's one argument with parse, which reports
+// whether it is valid; expected says what is, in the error.
+func argument[T any](d *caddyfile.Dispenser, expected string, parse func(string) (T, bool)) (T, error) {
 	opt := d.Val()
+	var zero T
 	if !d.NextArg() {
-		return 0, d.Errf("%s: expected a positive integer", opt)
+		return zero, d.Errf("%s: expected %s", opt, expected)
 	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < 1 {
-		return 0, d.Errf("%s: expected a positive integer, got %q", opt, d.Val())
+	v, ok := parse(d.Val())
+	if !ok {
+		return zero, d.Errf("%s: expected %s, got %q", opt, expected, d.Val())
 	}
-	return n, nil
+	return v, nil
 }
 
 func onOff(d *caddyfile.Dispenser) (bool, error) {

@@ -3,12 +3,16 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // Unit tests of the Caddyfile parsers on caddyfile.NewTestDispenser: every
@@ -103,6 +107,19 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{"warden {\n\tpin_store redis {\n\t\tpassword\n\t}\n}", 3, "password: expected a value"},
 		{"warden {\n\tpin_store local\n\tpin_store local\n}", 3, "pin_store declared twice"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled maybe\n\t\t}"), 5, `expected on, off, true or false, got "maybe"`},
+		// Load control.
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control maybe"), 4, `load_control: expected on or off, got "maybe"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on off"), 4, `load_control: unexpected argument "off"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0\n\t\t}"), 5, `fill: expected a positive number such as 1.2, got "0"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill lots\n\t\t}"), 5, `fill: expected a positive number such as 1.2, got "lots"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill\n\t\t}"), 5, "fill: expected a positive number such as 1.2"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tlinger 0s\n\t\t}"), 5, `linger: expected a positive duration such as 30s or 5m, got "0s"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_wait forever\n\t\t}"), 5, `max_wait: expected a positive duration such as 30s or 5m, got "forever"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 0\n\t\t}"), 5, `max_queue: expected a positive integer, got "0"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tcapacity_tokens -1\n\t\t}"), 5, `capacity_tokens: expected a number of tokens, or 0 to read it from /metrics, got "-1"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 5 6\n\t\t}"), 5, `max_queue: unexpected argument "6"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tqueue 5\n\t\t}"), 5,
+			`unrecognized load_control option "queue"; expected fill, linger, max_wait, max_queue or capacity_tokens`},
 		// The option and model lines themselves.
 		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
 		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},
@@ -188,6 +205,63 @@ func TestParseModelValues(t *testing.T) {
 	m = parse(t, "server 127.0.0.1:7000 ranks 2 {\n\t\t\tprocess vllm serve m --port 7000 --data-parallel-size 4\n\t\t}")
 	if m.Server.Ranks != 2 || m.Server.Address != "127.0.0.1:7000" {
 		t.Errorf("server %+v, want 127.0.0.1:7000 with 2 ranks", m.Server)
+	}
+}
+
+// load_control alone, on, off and a block, as the routing core gets them.
+func TestParseLoadControl(t *testing.T) {
+	parse := func(t *testing.T, lines string) *LoadControlConfig {
+		t.Helper()
+		v, err := parseGlobalOption(caddyfile.NewTestDispenser(wardenOption("replicas 127.0.0.1:1\n\t\t"+lines)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var app App
+		if err := json.Unmarshal(v.(httpcaddyfile.App).Value, &app); err != nil {
+			t.Fatal(err)
+		}
+		return app.Models["m"].LoadControl
+	}
+	for _, c := range []struct {
+		lines string
+		want  selection.AdmissionConfig
+	}{
+		{"load_control", selection.AdmissionConfig{Enabled: true}},
+		{"load_control on", selection.AdmissionConfig{Enabled: true}},
+		{"load_control off", selection.AdmissionConfig{}},
+		{"load_control {\n\t\t\tfill 0.9\n\t\t\tlinger 10s\n\t\t\tmax_wait 1m\n\t\t\tmax_queue 16\n\t\t\tcapacity_tokens 40000\n\t\t}",
+			selection.AdmissionConfig{Enabled: true, Fill: 0.9, Linger: 10 * time.Second, MaxWait: time.Minute, MaxQueue: 16, CapacityTokens: 40000}},
+		{"load_control off {\n\t\t\tmax_queue 16\n\t\t}", selection.AdmissionConfig{MaxQueue: 16}},
+	} {
+		if got := parse(t, c.lines).admission(); got != c.want {
+			t.Errorf("%q: %+v, want %+v", c.lines, got, c.want)
+		}
+	}
+	var absent *LoadControlConfig
+	if got := absent.admission(); got.Enabled {
+		t.Error("no load_control line turns it on")
+	}
+}
+
+// The JSON form is checked where the Caddyfile's is not: 0 means the default.
+func TestLoadControlValidate(t *testing.T) {
+	for _, c := range []struct {
+		lc   LoadControlConfig
+		want string
+	}{
+		{LoadControlConfig{Enabled: true}, ""},
+		{LoadControlConfig{Fill: -1}, "fill must be a positive number"},
+		{LoadControlConfig{Fill: math.Inf(1)}, "fill must be a positive number"},
+		{LoadControlConfig{Linger: -1}, "linger and max_wait must be positive durations"},
+		{LoadControlConfig{MaxWait: -1}, "linger and max_wait must be positive durations"},
+		{LoadControlConfig{MaxQueue: -1}, "max_queue must be positive"},
+		{LoadControlConfig{CapacityTokens: -1}, "capacity_tokens must not be negative"},
+	} {
+		m := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}, LoadControl: &c.lc}
+		err := m.validate("m")
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%+v: error %v, want %q", c.lc, err, c.want)
+		}
 	}
 }
 

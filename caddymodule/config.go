@@ -81,6 +81,10 @@ type ModelConfig struct {
 	// keeps the model's pins local.
 	PinStore *PinStoreConfig `json:"pin_store,omitempty"`
 
+	// LoadControl holds turns at the proxy while their conversation does
+	// not fit in a replica's KV cache (off by default).
+	LoadControl *LoadControlConfig `json:"load_control,omitempty"`
+
 	rules *sessionkey.Rules // made by provision
 }
 
@@ -154,6 +158,9 @@ func (c *ModelConfig) validate(name string) error {
 	case c.MaxSessions > 0 && c.MaxSessions < selection.MinMaxSessions:
 		return fmt.Errorf("model %q: max_sessions must be at least %d", name, selection.MinMaxSessions)
 	}
+	if err := c.LoadControl.validate(); err != nil {
+		return fmt.Errorf("model %q: %v", name, err)
+	}
 	seen := map[string]bool{}
 	for _, a := range c.addresses() {
 		if a == "" {
@@ -216,6 +223,7 @@ func (c *ModelConfig) fleetSpec(shared selection.SharedPins) fleet.Spec {
 			MaxSessions:        c.MaxSessions,
 			Shared:             shared,
 			CompactionInterval: time.Duration(c.CompactionInterval),
+			Admission:          c.LoadControl.admission(),
 		},
 		Replicas:        c.replicas(),
 		MetricsInterval: c.metricsInterval(),

@@ -62,6 +62,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"replica {\n\t\t\tprocess vllm serve m\n\t\t}", "give the replica an address or the command a --port"},
 		{"replica 127.0.0.1:1 {\n\t\t\tdir /tmp\n\t\t}", "the block needs a process line"},
 		{"replica {\n\t\t\tprocess vllm serve m --port x\n\t\t}", "--port"},
+		{"replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill none\n\t\t}", `fill: expected a positive number such as 1.2, got "none"`},
 	}
 	for _, c := range cases {
 		caddyfile := "{\n\twarden {\n\t\tmodel m {\n\t\t" + c.block + "\n\t\t}\n\t}\n}\n"

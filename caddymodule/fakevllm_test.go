@@ -19,7 +19,8 @@ import (
 // format whose running counts are its real in-flight requests, and records
 // which conversation reached which engine. Its token counters take one token
 // per request body byte, count a conversation's previous prompt on the same
-// engine as cached, and one generated token per response.
+// engine as cached, and one generated token per response. Each engine's KV
+// cache is fakeKVBlocks blocks of fakeBlockSize tokens (cache_config_info).
 type fakeVLLM struct {
 	name    string
 	addr    string
@@ -41,6 +42,12 @@ type fakeVLLM struct {
 }
 
 type engineTokens struct{ prompt, cached, generated int }
+
+// The KV cache each fake engine reports: 40,000 tokens, as an A4000's.
+const (
+	fakeKVBlocks  = 2500
+	fakeBlockSize = 16
+)
 
 type seenRequest struct {
 	session string
@@ -129,6 +136,10 @@ func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {
 	b.WriteString("# TYPE vllm:kv_cache_usage_perc gauge\n")
 	for e := range f.engines {
 		fmt.Fprintf(&b, "vllm:kv_cache_usage_perc{engine=\"%d\",model_name=\"m\"} 0.1\n", e)
+	}
+	b.WriteString("# TYPE vllm:cache_config_info gauge\n")
+	for e := range f.engines {
+		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"%d\",engine=\"%d\",model_name=\"m\",num_gpu_blocks=\"%d\"} 1\n", fakeBlockSize, e, fakeKVBlocks)
 	}
 	f.mu.Lock()
 	tokens := slices.Clone(f.tokens)

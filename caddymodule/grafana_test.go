@@ -146,13 +146,24 @@ func TestExportedMetrics(t *testing.T) {
 	})
 
 	t.Run("docs/metrics.md lists every warden series with its type and labels", func(t *testing.T) {
-		// The pin store's series exist only with a store: sharedpins_test.go checks them.
-		checkMetricsDocumented(t, families, func(name string) bool { return !strings.HasPrefix(name, pinStoreSeries) })
+		// The pin store's series exist only with a store (sharedpins_test.go
+		// checks them), load control's with load control on
+		// (loadcontrol_caddy_test.go).
+		checkMetricsDocumented(t, families, func(name string) bool {
+			return !strings.HasPrefix(name, pinStoreSeries) && !loadControlSeries(name)
+		})
 	})
 }
 
 // pinStoreSeries starts the names of the shared pin store's series.
 const pinStoreSeries = "caddy_warden_pin_store_"
+
+// loadControlSeries reports whether a series is exported only with load
+// control on.
+func loadControlSeries(name string) bool {
+	return strings.HasPrefix(name, "caddy_warden_load_control_") ||
+		name == "caddy_warden_residents" || name == "caddy_warden_resident_tokens"
+}
 
 // checkMetricsDocumented checks docs/metrics.md against what a Caddy exports,
 // for the series covers selects: each documented one exported with its type

@@ -2,8 +2,10 @@ package caddymodule_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/internal/redistest"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // Warden's goroutines (metrics pollers, session sweepers) end with the last
@@ -26,9 +29,9 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
 	redis := redistest.Start(t)
 	site := testnet.Addr(t)
-	load := func(replicas int, spill int, pinStore string) {
+	load := func(replicas int, spill int, pinStore string, loadControl bool) {
 		t.Helper()
-		if err := caddy.Load(inProcessConfig(site, backends[:replicas], spill, pinStore), true); err != nil {
+		if err := caddy.Load(inProcessConfig(site, backends[:replicas], spill, pinStore, loadControl), true); err != nil {
 			t.Fatalf("loading: %v", err)
 		}
 	}
@@ -36,7 +39,7 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 	// Caddy itself starts process-wide goroutines on its first load (its
 	// logging, the certificate cache, the listener pool...). One load and
 	// stop first, so that what is left is Caddy's and is ignored below.
-	load(1, 0, "")
+	load(1, 0, "", false)
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -53,12 +56,12 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 
 	for i := range 4 {
 		// Replicas added and removed, threshold changed, the shared pin
-		// store switched off and on: it ends on.
+		// store switched off and on, load control on: it ends on.
 		pinStore := ""
 		if i%2 == 1 {
 			pinStore = redis.Addr
 		}
-		load(1+i%2, 4+i, pinStore)
+		load(1+i%2, 4+i, pinStore, i >= 2)
 		time.Sleep(150 * time.Millisecond)
 		resp, err := http.Post("http://"+site+"/v1/messages", "application/json", strings.NewReader(`{"model":"m"}`))
 		if err != nil {
@@ -69,6 +72,7 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 			t.Fatalf("after reload %d: status %s", i, resp.Status)
 		}
 	}
+	holdForcedAndRefused(t, site)
 	// The check can see warden's goroutines: while loaded, they are there.
 	if err := goleak.Find(ignore...); err == nil || !strings.Contains(err.Error(), "metricsfeed") || !strings.Contains(err.Error(), "pinstore") {
 		t.Fatalf("while loaded, goleak sees no metrics poller or pin store sync: %v", err)
@@ -79,13 +83,58 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 	goleak.VerifyNone(t, ignore...)
 }
 
+// holdForcedAndRefused sends, while a turn of another conversation runs,
+// three new conversations to a site of two replicas whose load control
+// holds one turn at most, 200 ms: one is admitted on the other replica, one
+// waits and is sent anyway, one is refused.
+func holdForcedAndRefused(t *testing.T, site string) {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	turn := func(conv, hold string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+site+"/v1/messages", strings.NewReader(`{"model":"m"}`))
+		req.Header.Set("X-Claude-Code-Session-Id", conv)
+		req.Header.Set(holdHeader, hold)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("%s: %v", conv, err)
+			return nil
+		}
+		return resp
+	}
+	resident := turn("resident", "600ms") // answered at once, streams until then
+	if resident == nil {
+		t.FailNow()
+	}
+	defer resident.Body.Close()
+	statuses := map[int]int{}
+	var mu sync.Mutex
+	testrun.Concurrently(3, func(i int) {
+		if resp := turn(fmt.Sprint("new-", i), "0s"); resp != nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			mu.Lock()
+			statuses[resp.StatusCode]++
+			mu.Unlock()
+		}
+	})
+	if statuses[http.StatusOK] != 2 || statuses[http.StatusServiceUnavailable] != 1 {
+		t.Errorf("three new conversations while one runs: statuses %v, want two 200 (one after max_wait) and one 503", statuses)
+	}
+	_, _ = io.Copy(io.Discard, resident.Body)
+}
+
 // inProcessConfig is a JSON config without an admin endpoint (the other
 // tests' Caddy processes own theirs) serving site through warden; with a
-// Redis address, the model's pins are shared there.
-func inProcessConfig(site string, backends []*fakeVLLM, spill int, redisAddr string) []byte {
+// Redis address, the model's pins are shared there; with loadControl, each
+// replica's cache holds one conversation, and one other turn may wait, for
+// 200 ms.
+func inProcessConfig(site string, backends []*fakeVLLM, spill int, redisAddr string, loadControl bool) []byte {
 	pinStore := ""
 	if redisAddr != "" {
 		pinStore = fmt.Sprintf(`, "pin_store": {"redis": {"address": %q}}`, redisAddr)
+	}
+	if loadControl {
+		pinStore += `, "load_control": {"enabled": true, "capacity_tokens": 1, "fill": 1, "max_wait": "200ms", "max_queue": 1}`
 	}
 	var replicas, upstreams []string
 	for _, b := range backends {

@@ -92,6 +92,7 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	describeAgents(ch)
+	describeLoadControl(ch)
 	pinStoreSeconds.Describe(ch)
 }
 
@@ -114,6 +115,10 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEvicted, st.SessionsEvicted, name)
 		counter(descExpired, st.SessionsExpired, name)
 		collectAgentModel(ch, name, st)
+		loadControl := l.plan.View().Admission().Enabled
+		if loadControl {
+			collectLoadControlModel(ch, name, st.LoadControl)
+		}
 		for _, r := range st.Replicas {
 			gauge(descInFlight, float64(r.InFlight), name, r.ID)
 			counter(descRequests, r.Sticky, name, r.ID, "sticky")
@@ -124,6 +129,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descReplaced, r.Replaced, name, r.ID)
 			counter(descAdopted, r.Adopted, name, r.ID)
 			collectAgentReplica(ch, name, r)
+			collectLoadControlReplica(ch, name, r, loadControl)
 			gauge(descSessions, float64(r.Sessions), name, r.ID)
 			gauge(descActive, float64(r.ActiveSessions), name, r.ID)
 			gauge(descHealthy, boolValue(r.Healthy), name, r.ID)
@@ -152,6 +158,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	pinStoreSeconds.Collect(ch)
+	loadControlWaitSeconds.Collect(ch)
 }
 
 func boolValue(b bool) float64 {

@@ -248,6 +248,34 @@ func TestPanelDataOfLiveModel(t *testing.T) {
 	}
 }
 
+// The working set sums the replicas' residents against their KV capacity,
+// unknown while one replica's is; it is shown only with load control on.
+func TestWorkingSet(t *testing.T) {
+	kv := func(n int) *int { return &n }
+	on := LoadControlStatus{Enabled: true}
+	const unknown = -1
+	for _, c := range []struct {
+		st                 ModelStatus
+		resident, capacity int
+	}{
+		{ModelStatus{LoadControl: on, Replicas: []ReplicaStatus{{ResidentTokens: 5, KVCapacityTokens: kv(10)}, {ResidentTokens: 7, KVCapacityTokens: kv(20)}}}, 12, 30},
+		{ModelStatus{LoadControl: on, Replicas: []ReplicaStatus{{ResidentTokens: 5}, {ResidentTokens: 7, KVCapacityTokens: kv(20)}}}, 12, unknown},
+		{ModelStatus{LoadControl: on, Replicas: []ReplicaStatus{{ResidentTokens: 5, KVCapacityTokens: kv(20)}, {ResidentTokens: 7}}}, 12, unknown},
+	} {
+		ws := workingSet(c.st)
+		capacity := unknown
+		if ws != nil && ws.KVCapacityTokens != nil {
+			capacity = *ws.KVCapacityTokens
+		}
+		if ws == nil || ws.ResidentTokens != c.resident || capacity != c.capacity {
+			t.Errorf("%+v: working set %+v (capacity %d), want %d of %d", c.st.Replicas, ws, capacity, c.resident, c.capacity)
+		}
+	}
+	if ws := workingSet(ModelStatus{Replicas: []ReplicaStatus{{ResidentTokens: 5}}}); ws != nil {
+		t.Errorf("load control off: working set %+v, want none", ws)
+	}
+}
+
 // An hour of history at one scrape a second, for four engines: the work
 // of one panel refresh per model.
 func BenchmarkHourStats(b *testing.B) {

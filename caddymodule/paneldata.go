@@ -33,6 +33,16 @@ type PanelModel struct {
 	// SinceHuman is Since relative to GeneratedAt, e.g. "3 minutes ago".
 	SinceHuman string     `json:"since_human"`
 	Stats      PanelStats `json:"stats"`
+	// WorkingSet is the fleet's resident conversations against its KV
+	// caches; absent when load control is off, which keeps no residents.
+	WorkingSet *PanelWorkingSet `json:"working_set,omitempty"`
+}
+
+// PanelWorkingSet sums the replicas' residents and KV capacity.
+type PanelWorkingSet struct {
+	ResidentTokens int `json:"resident_tokens"`
+	// KVCapacityTokens is nil (JSON null) while a replica's is unknown.
+	KVCapacityTokens *int `json:"kv_capacity_tokens"`
 }
 
 // PanelStats is a model's prompt and completion traffic over the last hour,
@@ -71,7 +81,26 @@ func (l *modelLoad) panel(now time.Time) PanelModel {
 		ModelStatus: st,
 		SinceHuman:  humanize.RelTime(st.Since, now, "ago", "from now"),
 		Stats:       hourStats(l.model.fleet, now, max(statsStep, l.plan.MetricsInterval())),
+		WorkingSet:  workingSet(st),
 	}
+}
+
+// workingSet sums the residents and KV capacity of the model's replicas;
+// nil when load control is off.
+func workingSet(st ModelStatus) *PanelWorkingSet {
+	if !st.LoadControl.Enabled {
+		return nil
+	}
+	ws := &PanelWorkingSet{KVCapacityTokens: new(int)}
+	for _, r := range st.Replicas {
+		ws.ResidentTokens += r.ResidentTokens
+		if r.KVCapacityTokens == nil {
+			ws.KVCapacityTokens = nil
+		} else if ws.KVCapacityTokens != nil {
+			*ws.KVCapacityTokens += *r.KVCapacityTokens
+		}
+	}
+	return ws
 }
 
 // hourStats is the model's traffic over the history's last hour, one point

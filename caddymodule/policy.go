@@ -110,11 +110,18 @@ var keySources = [...]any{
 
 // inFlight holds a request's current decision, so that a retry gives back
 // the failed try's in-flight count and the request's end gives back the
-// last. It also keeps the conversation's identity (hashed keys), read once
+// last, and its turn's place with load control, which the request's end
+// ends. It also keeps the conversation's identity (hashed keys), read once
 // per request; String hides it from placeholders such as
 // {http.vars.warden.in_flight}.
 type inFlight struct {
 	id sessionkey.Identity
+	// ticket is set on the first try, before the request's end can run
+	// release; turnedAway is set then when load control refused the turn
+	// or its client left while it waited, so that no retry sends it.
+	ticket     *selection.Ticket
+	turnedAway bool
+
 	mu sync.Mutex
 	d  selection.Decision
 }
@@ -129,12 +136,18 @@ func (f *inFlight) set(d selection.Decision) {
 	old.Release()
 }
 
-func (f *inFlight) release() { f.set(selection.Decision{}) }
+// release gives back the in-flight count first, so that a turn load
+// control admits in the room the ticket's end frees sees it.
+func (f *inFlight) release() {
+	f.set(selection.Decision{})
+	f.ticket.Done(time.Now())
+}
 
 // Select picks the upstream of the replica chosen for r. It runs for every
 // try of every request, so it does no I/O beyond the optional bounded body
-// scan on the first try.
-func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.ResponseWriter) *reverseproxy.Upstream {
+// scan on the first try, and blocks only there, in the request's own
+// goroutine, for a turn that load control holds.
+func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	cfg := p.cfg
 	ctx := r.Context()
 	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inFlight)
@@ -142,17 +155,21 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 		held = &inFlight{id: sessionKey(r, cfg)}
 		caddyhttp.SetVar(ctx, varInFlight, held)
 		caddyhttp.SetVar(ctx, varKeySource, keySources[held.id.Source])
-		context.AfterFunc(ctx, held.release)
+	}
+	if held.turnedAway {
+		return nil
 	}
 	req := routeRequest(held.id)
 	req.ClientReplica = clientReplica(r, cfg)
-	req.Usable = func(addr string) bool {
-		u := upstreamFor(pool, addr)
-		if u == nil {
-			p.warnMissing(addr)
-			return false
+	req.Usable = func(addr string) bool { return p.usable(pool, addr) }
+	if !retry {
+		// A client that chose its replica is not held: load control would
+		// count its conversation where it admits it, not where it goes.
+		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
+			held.turnedAway = true
+			return nil
 		}
-		return u.Available()
+		context.AfterFunc(ctx, held.release)
 	}
 	req.Now = time.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
@@ -186,6 +203,17 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, _ http.
 		caddyhttp.SetVar(ctx, varRank, rank)
 	}
 	return u
+}
+
+// usable reports whether the pool's upstream for a replica address can
+// take a request now.
+func (p *Policy) usable(pool reverseproxy.UpstreamPool, addr string) bool {
+	u := upstreamFor(pool, addr)
+	if u == nil {
+		p.warnMissing(addr)
+		return false
+	}
+	return u.Available()
 }
 
 // clientReplica is the replica a client asked for, when allowed; otherwise

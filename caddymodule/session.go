@@ -33,7 +33,7 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 	prefix := make([]byte, size)
 	n, err := io.ReadFull(r.Body, prefix)
 	prefix = prefix[:n]
-	r.Body = replayedBody{Reader: io.MultiReader(bytes.NewReader(prefix), errorReader{err}, r.Body), Closer: r.Body}
+	replay(r, prefix, err)
 	return sessionkey.ReadBody(prefix, ids, fingerprint)
 }
 
@@ -49,10 +49,21 @@ func routeRequest(id sessionkey.Identity) selection.Request {
 	return req
 }
 
-// replayedBody serves the scanned prefix again, then the rest of the body.
+// replay hands on the body of r whole although its first bytes, read,
+// were read ahead, then err (a read error met), then the rest.
+func replay(r *http.Request, read []byte, err error) {
+	r.Body = replayedBody{
+		Reader:    io.MultiReader(bytes.NewReader(read), errorReader{err}, r.Body),
+		Closer:    r.Body,
+		readAhead: len(read),
+	}
+}
+
+// replayedBody serves the bytes read ahead again, then the rest of the body.
 type replayedBody struct {
 	io.Reader
 	io.Closer
+	readAhead int
 }
 
 // errorReader passes on a read error met while scanning (EOF ends the body

@@ -5,6 +5,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/pinstore"
+	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
 
@@ -38,6 +39,34 @@ type ModelStatus struct {
 	PinSnapshot *PinSnapshotStatus `json:"pin_snapshot,omitempty"`
 	// PinStore is the shared pin store's state; absent when pins are local.
 	PinStore *pinstore.Status `json:"pin_store,omitempty"`
+	// LoadControl is load control's settings in force and its counters.
+	LoadControl LoadControlStatus `json:"load_control"`
+}
+
+// LoadControlStatus is load control's settings (defaults filled in), its
+// queue and its counters since the model was first loaded.
+type LoadControlStatus struct {
+	// Enabled is true when load control is on and so is affinity, which
+	// it needs.
+	Enabled        bool    `json:"enabled"`
+	Fill           float64 `json:"fill"`
+	LingerSeconds  float64 `json:"linger_s"`
+	MaxWaitSeconds float64 `json:"max_wait_s"`
+	MaxQueue       int     `json:"max_queue"`
+	// CapacityTokens is the configured KV capacity per replica; 0 reads
+	// each replica's from its /metrics.
+	CapacityTokens int `json:"capacity_tokens"`
+	// Waiting is the number of turns held now.
+	Waiting int `json:"waiting"`
+	// Admitted counts turns admitted, at once or after waiting (forced
+	// included); Queued those that had to wait; Forced those sent over
+	// capacity after max_wait; Refused those answered 503 by a full queue;
+	// Cancelled those whose client left while they waited.
+	Admitted  uint64 `json:"admitted"`
+	Queued    uint64 `json:"queued"`
+	Forced    uint64 `json:"forced"`
+	Refused   uint64 `json:"refused"`
+	Cancelled uint64 `json:"cancelled"`
 }
 
 // PinSnapshotStatus is the model's pin snapshot in Caddy's storage: the last
@@ -86,6 +115,14 @@ type ReplicaStatus struct {
 	Health         string   `json:"health"`
 	Sessions       int64    `json:"sessions"`
 	ActiveSessions int64    `json:"active_sessions"`
+	// Residents are the conversations load control holds resident here,
+	// ResidentTokens their prompts' estimated size (0 when it is off).
+	Residents      int `json:"residents"`
+	ResidentTokens int `json:"resident_tokens"`
+	// KVCapacityTokens is the replica's KV cache in tokens as load control
+	// counts it: capacity_tokens when set, else the replica's
+	// num_gpu_blocks × block_size; nil (JSON null) when unknown.
+	KVCapacityTokens *int `json:"kv_capacity_tokens"`
 	// Process is the launched vLLM server's state, when warden runs it.
 	Process *supervise.State `json:"process,omitempty"`
 }
@@ -93,7 +130,9 @@ type ReplicaStatus struct {
 // status assembles the model's panel from the load's routing view and the
 // model's metrics and health.
 func (l *modelLoad) status(now time.Time) ModelStatus {
-	st := l.plan.View().Status()
+	view := l.plan.View()
+	st := view.Status()
+	admission := view.Admission()
 	f := l.model.fleet
 	out := ModelStatus{
 		Model:              st.Model,
@@ -114,6 +153,20 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		Since:              st.Since,
 		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
 		PinSnapshot:        l.model.pinStatus(l),
+		LoadControl: LoadControlStatus{
+			Enabled:        st.Admission.Enabled,
+			Fill:           admission.Fill,
+			LingerSeconds:  admission.Linger.Seconds(),
+			MaxWaitSeconds: admission.MaxWait.Seconds(),
+			MaxQueue:       admission.MaxQueue,
+			CapacityTokens: admission.CapacityTokens,
+			Waiting:        st.Admission.Waiting,
+			Admitted:       st.Admission.Admitted,
+			Queued:         st.Admission.Queued,
+			Forced:         st.Admission.Forced,
+			Refused:        st.Admission.Refused,
+			Cancelled:      st.Admission.Cancelled,
+		},
 	}
 	if l.store != nil {
 		ps := l.store.Status()
@@ -144,7 +197,10 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Healthy:        rs.Healthy,
 			Sessions:       rs.Sessions,
 			ActiveSessions: rs.ActiveSessions,
+			Residents:      rs.Residents,
+			ResidentTokens: rs.ResidentTokens,
 		}
+		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, rs.Load)
 		row.PrefixHitRate = knownRate(f.ReplicaRates(rs.Replica, now, hitRateWindow))
 		if row.PrefixHitRate == nil {
 			row.PrefixHitRate = known(f.ReplicaReportedHitRate(rs.Replica, now, hitRateWindow))
@@ -160,6 +216,18 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		out.PrefixHitRate = known(f.ReportedHitRate(now, hitRateWindow))
 	}
 	return out
+}
+
+// kvCapacity is a replica's KV capacity as load control counts it: the
+// configured one, else the one its metrics report; nil when unknown.
+func kvCapacity(configured int, load selection.Load) *int {
+	switch {
+	case configured > 0:
+		return &configured
+	case load.KVTokens > 0:
+		return &load.KVTokens
+	}
+	return nil
 }
 
 // knownRate is the prefix hit rate of rates, nil when unknown: no rates, or

@@ -247,6 +247,9 @@ func (t *Ticket) Force(now time.Time) bool {
 // MaxWait is how long a turn may wait before the caller forces it.
 func (v *View) MaxWait() time.Duration { return v.cfg.Admission.MaxWait }
 
+// Admission is load control's settings in force, defaults filled in.
+func (v *View) Admission() AdmissionConfig { return v.cfg.Admission }
+
 // admit makes t's conversation resident on rep (g.mu held).
 func (g *gate) admit(t *Ticket, rep *replicaState) {
 	res := g.residents[t.key]

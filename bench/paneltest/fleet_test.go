@@ -85,7 +85,9 @@ func startFleet(t *testing.T) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The pins are shared through Redis, so that the panel shows the store.
+	// The pins are shared through Redis, so that the panel shows the store;
+	// load control is on, so that it shows the queue and the residents (the
+	// caches are large: no turn waits).
 	redis := redistest.Start(t)
 	ports := testnet.Addrs(t, 3)
 	admin, site, panelAddr := ports[0], ports[1], ports[2]
@@ -100,6 +102,7 @@ func startFleet(t *testing.T) *fleet {
 			replicas %[2]s
 			max_num_seqs %[3]d
 			metrics_interval 100ms
+			load_control on
 		}
 	}
 }

@@ -227,7 +227,7 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 		for col, want := range map[string]float64{
 			"in_flight": float64(r.InFlight), "sticky": float64(r.Sticky), "spilled_in": float64(r.SpilledIn),
 			"client_pinned": float64(r.ClientPinned), "sessions": float64(r.Sessions), "active_sessions": float64(r.ActiveSessions),
-			"running": r.Running, "waiting": r.Waiting,
+			"running": r.Running, "waiting": r.Waiting, "residents": float64(r.Residents),
 			"kv_used": 100 * r.KVUsed,
 		} {
 			if !near(row[col], want) {
@@ -254,6 +254,7 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 		"spill":     fmt.Sprintf("Spill threshold %d %s", st.SpillThreshold, autoManual[st.SpillThresholdAuto]),
 		"in_flight": fmt.Sprintf("In flight %d", st.InFlight),
 		"pin_store": "Shared pins " + map[bool]string{true: "up", false: "down"}[st.PinStore != nil && st.PinStore.Up],
+		"queue":     fmt.Sprintf("Queue %d", st.LoadControl.Waiting),
 	} {
 		if page.Badges[key] != want {
 			differ("badge %s: page %q, admin %q", key, page.Badges[key], want)
@@ -337,6 +338,9 @@ func TestPanelInBrowser(t *testing.T) {
 			problems := matchesStatus(page, f.status(t))
 			if !strings.HasPrefix(page.Since, "Counters since ") {
 				problems = append(problems, fmt.Sprintf("since line %q", page.Since))
+			}
+			if !strings.Contains(page.Text, "Working set: ") || strings.Contains(page.Text, "not known yet") {
+				problems = append(problems, "no working set against the replicas' KV capacity")
 			}
 			for _, c := range convs {
 				if strings.Contains(page.Text, c) {

@@ -55,7 +55,8 @@
   }
 
   // The replica table: key (also the cell's data-col), heading, cell text,
-  // and an optional tooltip and class.
+  // and an optional tooltip, class and condition on the model.
+  const loadControlOn = (m) => m.load_control.enabled;
   const columns = [
     ["replica", "Replica", (r, mode) => (mode === "ranks" ? "rank " + r.rank + " · " + r.address : r.address)],
     ["in_flight", "In flight", (r) => integer(r.in_flight)],
@@ -69,6 +70,7 @@
     ["healthy", "Healthy", (r) => (r.healthy ? "yes" : "no"), (r) => r.health, (r) => (r.healthy ? "good" : "bad")],
     ["sessions", "Conversations", (r) => integer(r.sessions)],
     ["active_sessions", "Active", (r) => integer(r.active_sessions), () => "conversations that sent a request lately"],
+    ["residents", "Residents", (r) => integer(r.residents), (r) => residentsTip(r), undefined, loadControlOn],
     ["process", "Process", processText, (r) => (r.process ? "pid " + r.process.pid : "not launched by warden")],
   ];
 
@@ -79,10 +81,17 @@
     return n ? r.process.state + " (" + n + (n === 1 ? " restart)" : " restarts)") : r.process.state;
   }
 
+  // residentsTip: the residents' estimated prompts against the replica's KV cache.
+  function residentsTip(r) {
+    const of = r.kv_capacity_tokens === null ? "" : " of " + si(r.kv_capacity_tokens) + " KV capacity";
+    return "conversations load control keeps cached here: " + si(r.resident_tokens) + " tokens" + of;
+  }
+
   function replicaTable(m) {
-    const head = el("tr", {}, ...columns.map(([key, title]) => el("th", { text: title, scope: "col", "data-col": key })));
+    const shown = columns.filter(([, , , , , when]) => !when || when(m));
+    const head = el("tr", {}, ...shown.map(([key, title]) => el("th", { text: title, scope: "col", "data-col": key })));
     const rows = m.replicas.map((r) =>
-      el("tr", { "data-replica": r.id }, ...columns.map(([key, , text, tip, cls]) => {
+      el("tr", { "data-replica": r.id }, ...shown.map(([key, , text, tip, cls]) => {
         const attrs = { text: text(r, m.mode), "data-col": key };
         if (tip) attrs.title = tip(r);
         if (cls) attrs.className = cls(r);
@@ -101,7 +110,29 @@
       badge("in_flight", "In flight " + m.in_flight),
       badge("sessions", "Conversations " + m.sessions),
       ...pinStoreBadge(m.pin_store, badge),
+      ...queueBadge(m.load_control, badge),
     );
+  }
+
+  // queueBadge shows the turns load control holds; none when it is off.
+  function queueBadge(lc, badge) {
+    if (!lc.enabled) return [];
+    const b = badge("queue", "Queue " + lc.waiting);
+    b.title = "turns waiting for room in a KV cache (at most " + lc.max_queue + ", each at most " + lc.max_wait_s + " s); " +
+      lc.queued + " waited, " + lc.forced + " sent after max_wait, " + lc.refused + " refused";
+    return [b];
+  }
+
+  // workingSet compares the resident conversations' prompts with the
+  // replicas' KV caches, and says so when they do not fit.
+  function workingSet(ws) {
+    if (!ws) return [];
+    const capacity = ws.kv_capacity_tokens === null ? "a KV capacity not known yet" : si(ws.kv_capacity_tokens) + " tokens of KV cache";
+    const line = el("p", { className: "note muted", "data-stat": "working_set",
+      text: "Working set: " + si(ws.resident_tokens) + " tokens resident in " + capacity });
+    if (ws.kv_capacity_tokens === null || ws.resident_tokens <= ws.kv_capacity_tokens) return [line];
+    return [line, el("p", { className: "note warn", "data-stat": "working_set_exceeded",
+      text: "The resident conversations hold more than the replicas' KV caches: some of their prompts will be computed again." })];
   }
 
   // pinStoreBadge shows whether the shared pin store answers; none when the
@@ -227,6 +258,7 @@
         badges(m),
       ),
       replicaTable(m),
+      ...workingSet(m.working_set),
       since(m),
       stats(m, generatedAt),
     );

@@ -1,0 +1,115 @@
+package caddymodule
+
+import (
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// varQueued is how long the turn waited for load control, in seconds; set
+// only when load control saw the turn.
+const varQueued = "warden.queued_s"
+
+// Outcomes (warden.outcome) of a turn load control turned away; Select then
+// finds no upstream and Caddy answers 503.
+const (
+	outcomeRefused   = "refused"   // the queue was full; the answer has Retry-After
+	outcomeCancelled = "cancelled" // its client left while it waited
+)
+
+// bytesPerToken turns a prompt's size into tokens, roughly.
+const bytesPerToken = 4
+
+// admit asks load control whether the request's turn may go to a replica
+// now, and holds it in the request's own goroutine while it must wait. It
+// reports false when the turn must not be sent: the queue is full, or its
+// client left while it waited.
+func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, pool reverseproxy.UpstreamPool) bool {
+	if !p.view.Admission().Enabled {
+		return true // checked first so that, off, it allocates nothing
+	}
+	ctx := r.Context()
+	ready := make(chan struct{})
+	start := time.Now()
+	// The ticket keeps usable: other requests' ends admit the turn with it.
+	usable := func(addr string) bool { return p.usable(pool, addr) }
+	t := p.view.Admit(held.id.Key, turnTokens(r), usable, start, func() { close(ready) })
+	held.ticket = t
+	if t == nil {
+		return true // affinity off, or no key to hold the turn by
+	}
+	switch t.State() {
+	case selection.Refused:
+		if w != nil {
+			w.Header().Set("Retry-After", retryAfter(p.view.Admission().Linger))
+		}
+		caddyhttp.SetVar(ctx, varOutcome, outcomeRefused)
+		return false
+	case selection.Waiting:
+		sent := p.wait(r, t, ready)
+		waited := time.Since(start).Seconds()
+		caddyhttp.SetVar(ctx, varQueued, waited)
+		loadControlWaitSeconds.WithLabelValues(p.Model).Observe(waited)
+		return sent
+	}
+	caddyhttp.SetVar(ctx, varQueued, 0.0)
+	return true
+}
+
+// wait holds a queued turn until load control admits it, its client leaves
+// (the turn leaves the queue without a trace) or max_wait passes (the turn
+// is forced through); it reports whether the turn may be sent.
+func (p *Policy) wait(r *http.Request, t *selection.Ticket, ready <-chan struct{}) bool {
+	readBody(r)
+	timer := time.NewTimer(p.view.MaxWait())
+	defer timer.Stop()
+	select {
+	case <-ready:
+		return true
+	case <-r.Context().Done():
+		t.Cancel(time.Now()) // admitted meanwhile: ended at once
+		caddyhttp.SetVar(r.Context(), varOutcome, outcomeCancelled)
+		return false
+	case <-timer.C:
+		t.Force(time.Now()) // false: admitted meanwhile, which is as good
+		return true
+	}
+}
+
+// retryAfter is the Retry-After of a refused turn, in whole seconds: one
+// linger, after which a resident conversation that sent no new turn has
+// left and the queue has moved. It stays well under the minute past which
+// some clients' SDKs ignore the header.
+func retryAfter(linger time.Duration) string {
+	return strconv.Itoa(max(1, int(math.Ceil(linger.Seconds()))))
+}
+
+// turnTokens estimates the turn's prompt in tokens: from Content-Length,
+// else from what the session key's scan read of the body, else 1.
+func turnTokens(r *http.Request) int {
+	n := int(r.ContentLength)
+	if b, ok := r.Body.(replayedBody); ok && n <= 0 {
+		n = b.readAhead
+	}
+	return max(1, n/bytesPerToken)
+}
+
+// readBody reads the rest of the request body into memory and hands it on
+// intact. HTTP/1 notices a client that left (and cancels the request's
+// context) only once the handler has read the body to its end, so a turn
+// that waits reads it first; HTTP/2 notices without it. A read error is
+// handed on as it came.
+func readBody(r *http.Request) {
+	if r.ProtoMajor >= 2 || r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	replay(r, body, err)
+}

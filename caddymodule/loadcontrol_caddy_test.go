@@ -1,0 +1,274 @@
+package caddymodule_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
+)
+
+// Load control through a real Caddy in front of one fake vLLM whose cache
+// load control counts as 1 token: a replica with nothing resident takes any
+// one conversation, so while conversation "resident" runs or lingers, a
+// turn of any other conversation must wait.
+
+// loadControlBlock is the model block of these tests with the given
+// load_control options.
+func loadControlBlock(options string) string {
+	return "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1\n\t\t\t\tfill 1\n\t\t\t\t" + options + "\n\t\t\t}"
+}
+
+// holdTurn keeps a turn of conv in flight (its conversation resident) until
+// the returned function ends it or the test ends.
+func holdTurn(t *testing.T, f *fleet, conv string) (end func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := f.send(ctx, conv, holdHeader, "1m")
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s", conv, resp.Status)
+	}
+	end = func() {
+		cancel()
+		resp.Body.Close()
+	}
+	t.Cleanup(end)
+	return end
+}
+
+// answer is what a client got for a turn.
+type answer struct {
+	status     int
+	retryAfter string
+	backend    string
+	err        error
+	took       time.Duration
+}
+
+// sendTurn sends a turn of conv and reads the answer to its end.
+func sendTurn(ctx context.Context, f *fleet, conv string) answer {
+	start := time.Now()
+	resp, err := f.send(ctx, conv)
+	if err != nil {
+		return answer{err: err, took: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"),
+		backend: resp.Header.Get("X-Backend"), err: err, took: time.Since(start)}
+}
+
+// sendTurnAsync is sendTurn in its own goroutine.
+func sendTurnAsync(ctx context.Context, f *fleet, conv string) <-chan answer {
+	out := make(chan answer, 1)
+	go func() { out <- sendTurn(ctx, f, conv) }()
+	return out
+}
+
+// waitingIs waits until the admin JSON shows n turns waiting.
+func waitingIs(t *testing.T, f *fleet, n int) caddymodule.ModelStatus {
+	t.Helper()
+	var st caddymodule.ModelStatus
+	testrun.Eventually(t, 10*time.Second, fmt.Sprintf("load_control.waiting %d", n), func() bool {
+		st = f.status(t)
+		return st.LoadControl.Waiting == n
+	})
+	return st
+}
+
+// heldGoroutines counts Caddy's goroutines stopped in the policy (a turn
+// waiting), from the admin address's goroutine profile.
+func heldGoroutines(t *testing.T, f *fleet) int {
+	t.Helper()
+	resp, err := http.Get("http://" + f.caddy.Admin + "/debug/pprof/goroutine?debug=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	dump, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(dump), "caddymodule.(*Policy).wait(")
+}
+
+func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	f, _ := runCaddy(t, caddySetup{
+		modelBlock:   loadControlBlock("linger 1s\n\t\t\t\tmax_wait 1m\n\t\t\t\tmax_queue 5"),
+		proxyOptions: "lb_retries 2", // a turn turned away must stay so on Caddy's retries
+	}, backend.addr)
+	endResident := holdTurn(t, f, "resident")
+	before := f.status(t)
+	if kv := before.Replicas[0].KVCapacityTokens; kv == nil || *kv != 1 {
+		t.Fatalf("kv_capacity_tokens %v, want capacity_tokens 1", kv)
+	}
+	if !before.LoadControl.Enabled || before.Replicas[0].Residents != 1 || before.InFlight != 1 {
+		t.Fatalf("before: load_control %+v, %d residents, %d in flight; want on, the resident alone",
+			before.LoadControl, before.Replicas[0].Residents, before.InFlight)
+	}
+
+	t.Run("a queued turn whose client leaves leaves no trace", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := sendTurnAsync(ctx, f, "leaves")
+		waitingIs(t, f, 1)
+		cancel()
+		if a := <-done; a.err == nil {
+			t.Fatalf("the cancelled client got an answer: %+v", a)
+		}
+		st := waitingIs(t, f, 0)
+		testrun.Eventually(t, 5*time.Second, "the cancellation counted", func() bool {
+			st = f.status(t)
+			return st.LoadControl.Cancelled == before.LoadControl.Cancelled+1
+		})
+		rep, was := st.Replicas[0], before.Replicas[0]
+		if st.InFlight != 1 || st.Requests != before.Requests || rep.Residents != was.Residents || rep.ResidentTokens != was.ResidentTokens {
+			t.Errorf("after the client left: %d in flight, %d requests, %d residents (%d tokens); before: 1, %d, %d (%d)",
+				st.InFlight, st.Requests, rep.Residents, rep.ResidentTokens, before.Requests, was.Residents, was.ResidentTokens)
+		}
+		if st.LoadControl.Admitted != before.LoadControl.Admitted {
+			t.Errorf("admitted %d, was %d", st.LoadControl.Admitted, before.LoadControl.Admitted)
+		}
+		if _, sent := sessionsSeen(backend)["leaves"]; sent {
+			t.Error("the cancelled turn reached the replica")
+		}
+	})
+
+	t.Run("a flood of new conversations cannot grow the queue past max_queue", func(t *testing.T) {
+		start := f.status(t).LoadControl
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var mu sync.Mutex
+		var refused, other []answer
+		var wg sync.WaitGroup
+		for _, conv := range testrun.Sessions("flood", 200) {
+			wg.Go(func() {
+				a := sendTurn(ctx, f, conv)
+				mu.Lock()
+				defer mu.Unlock()
+				if a.status == http.StatusServiceUnavailable {
+					refused = append(refused, a)
+				} else {
+					other = append(other, a)
+				}
+			})
+		}
+		testrun.Eventually(t, 20*time.Second, "195 turns refused", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(refused) == 195
+		})
+		if st := waitingIs(t, f, 5).LoadControl; st.Refused-start.Refused != 195 || st.Queued-start.Queued != 5 {
+			t.Errorf("counters after the flood: %+v (before %+v), want 195 refused, 5 queued", st, start)
+		}
+		cancel() // the five waiting clients leave
+		wg.Wait()
+		for _, a := range refused {
+			if a.retryAfter != "1" {
+				t.Errorf("a refused turn's Retry-After %q, want 1 (the linger)", a.retryAfter)
+				break
+			}
+		}
+		if len(other) != 5 {
+			t.Fatalf("%d turns not refused, want the 5 queued", len(other))
+		}
+		for _, a := range other {
+			if a.err == nil {
+				t.Errorf("a queued turn was answered %d while the resident ran", a.status)
+			}
+		}
+		waitingIs(t, f, 0)
+		testrun.Eventually(t, 5*time.Second, "no request goroutine left waiting in Caddy", func() bool {
+			return heldGoroutines(t, f) == 0
+		})
+	})
+
+	t.Run("a held turn is admitted when the resident's linger ends", func(t *testing.T) {
+		start := f.status(t).LoadControl
+		endResident()
+		a := sendTurn(context.Background(), f, "next")
+		if a.err != nil || a.status != http.StatusOK || a.backend != "a/0" {
+			t.Fatalf("the next conversation: %+v, want served", a)
+		}
+		// The resident lingers 1 s after its turn, swept every second.
+		if a.took < 500*time.Millisecond {
+			t.Errorf("served after %v, before the resident's linger could end", a.took)
+		}
+		st := f.status(t).LoadControl
+		if st.Queued != start.Queued+1 || st.Forced != start.Forced {
+			t.Errorf("counters %+v (before %+v), want 1 more queued, none forced", st, start)
+		}
+	})
+
+	t.Run("its series are documented and agree with the admin JSON", func(t *testing.T) {
+		families := scrapeMetrics(t, f)
+		checkMetricsDocumented(t, families, loadControlSeries)
+		st := f.status(t).LoadControl
+		turns := map[string]float64{}
+		for _, m := range families["caddy_warden_load_control_turns_total"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					turns[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+		want := map[string]float64{"admitted": float64(st.Admitted), "queued": float64(st.Queued), "forced": float64(st.Forced),
+			"refused": float64(st.Refused), "cancelled": float64(st.Cancelled)}
+		if !maps.Equal(turns, want) {
+			t.Errorf("turns_total %v, admin JSON %v", turns, want)
+		}
+		waits := families["caddy_warden_load_control_wait_seconds"].GetMetric()
+		if len(waits) != 1 || float64(waits[0].GetHistogram().GetSampleCount()) != want["queued"] {
+			t.Errorf("wait_seconds %v, want one observation per queued turn (%v)", waits, want["queued"])
+		}
+	})
+}
+
+func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	f := startFleet(t, loadControlBlock("max_wait 300ms"), backend)
+	holdTurn(t, f, "resident")
+	a := sendTurn(context.Background(), f, "next")
+	if a.err != nil || a.status != http.StatusOK || a.backend != "a/0" {
+		t.Fatalf("the held turn: %+v, want served after max_wait", a)
+	}
+	if a.took < 300*time.Millisecond {
+		t.Errorf("served after %v, before max_wait", a.took)
+	}
+	if st := f.status(t).LoadControl; st.Forced != 1 || st.Waiting != 0 {
+		t.Errorf("load_control %+v, want 1 forced, none waiting", st)
+	}
+}
+
+// With load control off nothing is held, whatever the capacity, and the KV
+// capacity shown is the replica's own (cache_config_info).
+func TestLoadControlOffHoldsNothing(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control off {\n\t\t\t\tcapacity_tokens 1\n\t\t\t}", backend)
+	holdTurn(t, f, "resident")
+	for _, conv := range testrun.Sessions("free", 3) {
+		if a := sendTurn(context.Background(), f, conv); a.err != nil || a.status != http.StatusOK || a.took > 2*time.Second {
+			t.Errorf("%s with load control off: %+v", conv, a)
+		}
+	}
+	st := f.status(t)
+	if lc := st.LoadControl; lc.Enabled || lc.Admitted+lc.Queued != 0 || lc.Waiting != 0 || st.Replicas[0].Residents != 0 {
+		t.Errorf("load control off: %+v, %d residents; want nothing counted", lc, st.Replicas[0].Residents)
+	}
+
+	g := startFleet(t, "replicas {replicas}", backend)
+	if kv := g.status(t).Replicas[0].KVCapacityTokens; kv == nil || *kv != 40000 {
+		t.Errorf("kv_capacity_tokens %v, want 40000 from the replica's cache_config_info", kv)
+	}
+}

@@ -1,0 +1,124 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// LoadControlConfig is load control (off by default): each replica keeps a
+// set of resident conversations whose prompts fit in its KV cache, and a
+// turn of any other conversation waits at the proxy until one leaves,
+// instead of evicting a resident's cache. It needs affinity: with affinity
+// off, or for a request no session key names, it does nothing. Zero values
+// mean the defaults.
+type LoadControlConfig struct {
+	// Enabled turns load control on. Always written, so that
+	// `PATCH /config/apps/warden/models/<m>/load_control/enabled` finds it.
+	Enabled bool `json:"enabled"`
+	// Fill is the share of each replica's KV capacity that resident
+	// conversations' prompts may hold (default 1.2: prompts are estimated
+	// from their size, and conversations share their system prompt).
+	Fill float64 `json:"fill,omitempty"`
+	// Linger is how long a conversation stays resident after its turn, so
+	// that its next turn finds its cache (default 6s).
+	Linger caddy.Duration `json:"linger,omitempty"`
+	// MaxWait bounds a turn's wait; it then proceeds anyway (default 5m).
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+	// MaxQueue bounds the turns waiting; a turn beyond is answered 503 with
+	// Retry-After (default 1024).
+	MaxQueue int `json:"max_queue,omitempty"`
+	// CapacityTokens is each replica's KV cache in tokens; 0 reads it from
+	// the replica's /metrics (vLLM's num_gpu_blocks × block_size).
+	CapacityTokens int `json:"capacity_tokens,omitempty"`
+}
+
+// admission is the routing core's form of c; nil is off.
+func (c *LoadControlConfig) admission() selection.AdmissionConfig {
+	if c == nil {
+		return selection.AdmissionConfig{}
+	}
+	return selection.AdmissionConfig{
+		Enabled:        c.Enabled,
+		CapacityTokens: c.CapacityTokens,
+		Fill:           c.Fill,
+		Linger:         time.Duration(c.Linger),
+		MaxWait:        time.Duration(c.MaxWait),
+		MaxQueue:       c.MaxQueue,
+	}
+}
+
+// validate checks the JSON form, where 0 stands for the default.
+func (c *LoadControlConfig) validate() error {
+	switch {
+	case c == nil:
+		return nil
+	case c.Fill < 0 || math.IsNaN(c.Fill) || math.IsInf(c.Fill, 0):
+		return fmt.Errorf("load_control: fill must be a positive number (0 for the default, %g)", selection.DefaultAdmissionFill)
+	case c.Linger < 0, c.MaxWait < 0:
+		return errors.New("load_control: linger and max_wait must be positive durations (0 for the defaults)")
+	case c.MaxQueue < 0:
+		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
+	case c.CapacityTokens < 0:
+		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
+	}
+	return nil
+}
+
+// parseLoadControl reads `load_control [on|off] [{ ... }]`; a block alone
+// turns it on.
+func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
+	c := &LoadControlConfig{Enabled: true}
+	if d.CountRemainingArgs() > 0 {
+		var err error
+		if c.Enabled, err = onOff(d); err != nil {
+			return nil, err
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		var err error
+		switch opt {
+		case "fill":
+			c.Fill, err = positiveNumber(d)
+		case "linger":
+			c.Linger, err = duration(d)
+		case "max_wait":
+			c.MaxWait, err = duration(d)
+		case "max_queue":
+			c.MaxQueue, err = positiveInt(d)
+		case "capacity_tokens":
+			c.CapacityTokens, err = capacityTokens(d)
+		default:
+			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue or capacity_tokens", opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if d.NextArg() {
+			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
+		}
+	}
+	return c, nil
+}
+
+func positiveNumber(d *caddyfile.Dispenser) (float64, error) {
+	return argument(d, "a positive number such as 1.2", func(s string) (float64, bool) {
+		v, err := strconv.ParseFloat(s, 64)
+		return v, err == nil && v > 0 && !math.IsInf(v, 0)
+	})
+}
+
+func capacityTokens(d *caddyfile.Dispenser) (int, error) {
+	return argument(d, "a number of tokens, or 0 to read it from /metrics", func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n >= 0
+	})
+}

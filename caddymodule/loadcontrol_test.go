@@ -1,0 +1,293 @@
+package caddymodule
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// The admin JSON shows load control's settings with the defaults filled
+// in, and each replica's KV capacity: the configured one, else its metrics'.
+func TestLoadControlStatus(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		lc         *LoadControlConfig
+		want       LoadControlStatus
+		capacity   int
+		noMetrics  bool
+		noCapacity bool
+	}{
+		{name: "lc-off", want: LoadControlStatus{
+			Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
+			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
+		}, capacity: 40000},
+		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
+			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000},
+			want:     LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000},
+			capacity: 1000},
+		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: LoadControlStatus{
+			Enabled: true, Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
+			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := liveLoad(t, c.name, &ModelConfig{Replicas: []ReplicaConfig{{Address: addrA}}, LoadControl: c.lc})
+			if !c.noMetrics {
+				l.model.fleet.ObserveScrape(addrA, time.Now(), metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
+					BlockSize: 16, NumGPUBlocks: 2500,
+					Present: metricsfeed.LoadFields | metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks,
+				}}}, nil)
+			}
+			st := l.status(time.Now())
+			if st.LoadControl != c.want {
+				t.Errorf("load_control %+v, want %+v", st.LoadControl, c.want)
+			}
+			got := st.Replicas[0].KVCapacityTokens
+			switch {
+			case c.noCapacity && got != nil:
+				t.Errorf("kv_capacity_tokens %d without metrics or capacity_tokens, want null", *got)
+			case !c.noCapacity && (got == nil || *got != c.capacity):
+				t.Errorf("kv_capacity_tokens %v, want %d", got, c.capacity)
+			}
+		})
+	}
+}
+
+// loadControlFixture is one replica whose cache holds one conversation
+// (capacity 1 token: a replica with nothing resident takes any one), with
+// the given queue bound and max wait.
+func loadControlFixture(t *testing.T, maxQueue int, maxWait time.Duration) *selectFixture {
+	t.Helper()
+	return newSelectFixture(t, &ModelConfig{
+		Replicas: []ReplicaConfig{{Address: addrA}},
+		LoadControl: &LoadControlConfig{Enabled: true, CapacityTokens: 1, Fill: 1,
+			Linger: caddy.Duration(time.Second), MaxWait: caddy.Duration(maxWait), MaxQueue: maxQueue},
+	}, nil)
+}
+
+// selectResult is what a Select that may wait returned, once it returned.
+type selectResult struct {
+	upstream string // "" for none
+	outcome  any
+	queued   any
+}
+
+// selectAsync runs Select for a turn of conv in its own goroutine, as
+// Caddy's request goroutine would, with the response writer w.
+func (fx *selectFixture) selectAsync(t *testing.T, conv string, w http.ResponseWriter) (r *http.Request, end context.CancelFunc, done <-chan selectResult) {
+	t.Helper()
+	r, end = newProxyRequest(t, "X-Claude-Code-Session-Id", conv)
+	out := make(chan selectResult, 1)
+	go func() {
+		var s selectResult
+		if u := fx.p.Select(pool(addrA), r, w); u != nil {
+			s.upstream = u.Dial
+		}
+		s.outcome, s.queued = caddyhttp.GetVar(r.Context(), varOutcome), caddyhttp.GetVar(r.Context(), varQueued)
+		out <- s
+	}()
+	return r, end, out
+}
+
+func (fx *selectFixture) admission() selection.AdmissionStatus {
+	return fx.plan.View().Status().Admission
+}
+
+// waitFor polls cond for at most 2 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func received(t *testing.T, done <-chan selectResult) selectResult {
+	t.Helper()
+	select {
+	case s := <-done:
+		return s
+	case <-time.After(2 * time.Second):
+		t.Fatal("Select still waiting after 2 s")
+		return selectResult{}
+	}
+}
+
+// routeResident routes a turn of conversation "a", which runs, and so
+// fills the replica, until the test ends.
+func (fx *selectFixture) routeResident(t *testing.T) {
+	t.Helper()
+	_, end, done := fx.selectAsync(t, "a", nil)
+	t.Cleanup(end)
+	received(t, done)
+}
+
+// queue sends a turn of conv, which must wait, and returns once it waits.
+func (fx *selectFixture) queue(t *testing.T, conv string) (r *http.Request, end context.CancelFunc, done <-chan selectResult) {
+	t.Helper()
+	r, end, done = fx.selectAsync(t, conv, nil)
+	t.Cleanup(end)
+	waitFor(t, conv+" queued", func() bool { return fx.admission().Waiting == 1 })
+	return r, end, done
+}
+
+// A second conversation waits in Select until the first one's residency
+// ends (its request ended, then its linger), then is routed.
+func TestSelectLoadControlHoldsUntilAdmitted(t *testing.T) {
+	fx := loadControlFixture(t, 0, time.Minute)
+	_, endA, doneA := fx.selectAsync(t, "a", nil)
+	if s := received(t, doneA); s.upstream != addrA || s.queued != 0.0 {
+		t.Fatalf("first conversation: %+v, want routed at once", s)
+	}
+	_, _, doneB := fx.queue(t, "b")
+	endA()
+	fx.f.Tick(time.Now()) // a's linger has not passed: b still waits
+	select {
+	case s := <-doneB:
+		t.Fatalf("b routed while a lingers: %+v", s)
+	case <-time.After(20 * time.Millisecond):
+	}
+	fx.f.Tick(time.Now().Add(2 * time.Second))
+	s := received(t, doneB)
+	// Admission pinned b where it made room for it: Pick finds that pin.
+	if s.upstream != addrA || s.outcome != "sticky" {
+		t.Errorf("b after a left: %+v, want sticky on %s", s, addrA)
+	}
+	if q, _ := s.queued.(float64); q <= 0 {
+		t.Errorf("b's queued_s %v, want > 0", s.queued)
+	}
+	if st := fx.admission(); st.Waiting != 0 || st.Queued != 1 || st.Admitted != 2 {
+		t.Errorf("admission %+v, want 2 admitted, 1 of them queued", st)
+	}
+}
+
+// A waiting turn whose client leaves is taken out of the queue and leaves
+// no trace; its retries are not admitted again.
+func TestSelectLoadControlClientGone(t *testing.T) {
+	fx := loadControlFixture(t, 0, time.Minute)
+	fx.routeResident(t)
+	r, endB, doneB := fx.queue(t, "b")
+	endB()
+	if s := received(t, doneB); s.upstream != "" || s.outcome != outcomeCancelled {
+		t.Fatalf("b after its client left: %+v, want no upstream, outcome cancelled", s)
+	}
+	if u := fx.p.Select(pool(addrA), r, nil); u != nil {
+		t.Errorf("a retry of the cancelled turn was routed to %s", u.Dial)
+	}
+	st := fx.plan.View().Status()
+	if st.Admission.Waiting != 0 || st.Admission.Cancelled != 1 || st.Admission.Queued != 1 || st.InFlight != 1 || st.Requests != 1 {
+		t.Errorf("after b left: admission %+v, in flight %d, requests %d; want only a's", st.Admission, st.InFlight, st.Requests)
+	}
+	if rs := st.Replicas[0]; rs.Residents != 1 {
+		t.Errorf("%d residents, want a alone", rs.Residents)
+	}
+}
+
+// A turn that waited max_wait is sent anyway.
+func TestSelectLoadControlForcesAfterMaxWait(t *testing.T) {
+	fx := loadControlFixture(t, 0, 50*time.Millisecond)
+	fx.routeResident(t)
+	start := time.Now()
+	_, endB, doneB := fx.selectAsync(t, "b", nil)
+	defer endB()
+	s := received(t, doneB)
+	if waited := time.Since(start); s.upstream != addrA || waited < 50*time.Millisecond {
+		t.Errorf("b: %+v after %v, want routed after max_wait", s, waited)
+	}
+	if st := fx.admission(); st.Forced != 1 || st.Waiting != 0 {
+		t.Errorf("admission %+v, want 1 forced", st)
+	}
+}
+
+// A full queue refuses a turn at once: no upstream, so that Caddy answers
+// 503, with Retry-After of one linger; its retries are refused too without
+// asking again.
+func TestSelectLoadControlRefusesWhenTheQueueIsFull(t *testing.T) {
+	fx := loadControlFixture(t, 1, time.Minute)
+	fx.routeResident(t)
+	fx.queue(t, "b")
+	w := httptest.NewRecorder()
+	r, endC, doneC := fx.selectAsync(t, "c", w)
+	defer endC()
+	if s := received(t, doneC); s.upstream != "" || s.outcome != outcomeRefused {
+		t.Fatalf("c with the queue full: %+v, want refused", s)
+	}
+	if got := w.Header().Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After %q, want 1 (the linger)", got)
+	}
+	if u := fx.p.Select(pool(addrA), r, w); u != nil {
+		t.Errorf("a retry of the refused turn was routed to %s", u.Dial)
+	}
+	if st := fx.admission(); st.Refused != 1 || st.Waiting != 1 {
+		t.Errorf("admission %+v, want 1 refused, 1 waiting", st)
+	}
+}
+
+// Off, or for an unkeyed turn, nothing is held or counted.
+func TestSelectLoadControlOff(t *testing.T) {
+	fx := newSelectFixture(t, &ModelConfig{Replicas: []ReplicaConfig{{Address: addrA}},
+		LoadControl: &LoadControlConfig{CapacityTokens: 1}}, nil)
+	for _, conv := range []string{"a", "b", "c"} {
+		_, end, done := fx.selectAsync(t, conv, nil)
+		defer end()
+		if s := received(t, done); s.upstream != addrA || s.queued != nil {
+			t.Errorf("%s with load control off: %+v, want routed, no queued_s", conv, s)
+		}
+	}
+	on := loadControlFixture(t, 0, time.Minute)
+	for range 3 {
+		if addr, _ := on.selected(t, pool(addrA)); addr != addrA {
+			t.Errorf("an unkeyed turn: %q, want routed", addr)
+		}
+	}
+	if st := on.admission(); st != (selection.AdmissionStatus{Enabled: true}) {
+		t.Errorf("unkeyed turns counted: %+v", st)
+	}
+}
+
+func TestTurnTokens(t *testing.T) {
+	cfg := &ModelConfig{}
+	body := strings.Repeat("x", 4000)
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	if got := turnTokens(r); got != 1000 {
+		t.Errorf("Content-Length 4000: %d tokens, want 1000", got)
+	}
+	r.ContentLength = -1 // chunked: what the body scan read
+	sessionKey(r, cfg)
+	if got := turnTokens(r); got != 1000 {
+		t.Errorf("unknown length, 4000 bytes scanned: %d tokens, want 1000", got)
+	}
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	r.ContentLength = -1
+	if got := turnTokens(r); got != 1 {
+		t.Errorf("unknown length, nothing scanned: %d tokens, want 1", got)
+	}
+}
+
+// A waiting turn's body is read, so that HTTP/1 notices its client leave,
+// and handed on intact.
+func TestReadBodyHandsItOnIntact(t *testing.T) {
+	body := strings.Repeat("0123456789", 1000)
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	readBody(r)
+	if b, ok := r.Body.(replayedBody); !ok || b.readAhead != len(body) {
+		t.Fatalf("body not read ahead: %T", r.Body)
+	}
+	got, err := io.ReadAll(r.Body)
+	if err != nil || string(got) != body {
+		t.Errorf("body handed on: %d bytes, %v; want the %d sent", len(got), err, len(body))
+	}
+}

@@ -1,0 +1,50 @@
+package caddymodule
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// The series of load control, kept apart from metrics.go's table. A model's
+// are exported while its load control is on; a replica's KV capacity
+// whenever it is known.
+var (
+	descLoadControlWaiting = desc("load_control_waiting", "Turns held by load control now.", "model")
+	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited).", "model", "result")
+	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
+	descResidentTokens     = desc("resident_tokens", "Estimated prompt tokens (body bytes / 4) of the conversations resident on the replica.", replicaLabels...)
+	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size; no sample while unknown.", replicaLabels...)
+
+	// loadControlWaitSeconds times every wait in load control's queue. It
+	// is the collector's: it continues across reloads like the rest.
+	loadControlWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "warden",
+		Name:      "load_control_wait_seconds",
+		Help:      "Time turns waited in load control's queue, however they left it (admitted, forced after max_wait, client gone); turns admitted at once are not observed.",
+		Buckets:   []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+	}, []string{"model"})
+)
+
+func describeLoadControl(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlTurns, descResidents, descResidentTokens, descKVCapacity} {
+		ch <- d
+	}
+	loadControlWaitSeconds.Describe(ch)
+}
+
+func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadControlStatus) {
+	ch <- prometheus.MustNewConstMetric(descLoadControlWaiting, prometheus.GaugeValue, float64(lc.Waiting), model)
+	for result, n := range map[string]uint64{
+		"admitted": lc.Admitted, "queued": lc.Queued, "forced": lc.Forced, "refused": lc.Refused, "cancelled": lc.Cancelled,
+	} {
+		ch <- prometheus.MustNewConstMetric(descLoadControlTurns, prometheus.CounterValue, float64(n), model, result)
+	}
+}
+
+func collectLoadControlReplica(ch chan<- prometheus.Metric, model string, r ReplicaStatus, on bool) {
+	if r.KVCapacityTokens != nil {
+		ch <- prometheus.MustNewConstMetric(descKVCapacity, prometheus.GaugeValue, float64(*r.KVCapacityTokens), model, r.ID)
+	}
+	if on {
+		ch <- prometheus.MustNewConstMetric(descResidents, prometheus.GaugeValue, float64(r.Residents), model, r.ID)
+		ch <- prometheus.MustNewConstMetric(descResidentTokens, prometheus.GaugeValue, float64(r.ResidentTokens), model, r.ID)
+	}
+}
