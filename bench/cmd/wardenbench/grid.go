@@ -35,8 +35,12 @@ func runGrid(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Var(&variants, "variants", fmt.Sprintf("comma-separated workload variants run at %s, or none", variantCellLabel()))
 	fs.BoolVar(&g.Stretch, "stretch", g.Stretch, "scale each cell's --warmup and --duration by how much longer its sessions live than the seed's 3 s ones (turns × (think time + 7 s))")
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
+	subject := fs.String("subject", lab.PolicyWarden, "the policy set against the best of the others in each cell")
 	if err := parseAll(fs, args); err != nil {
 		return err
+	}
+	if !slices.Contains(c.policies, *subject) {
+		return fmt.Errorf("--subject %s is not among --policies %v", *subject, c.policies)
 	}
 	base, err := c.labConfig()
 	if err != nil {
@@ -58,7 +62,7 @@ func runGrid(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	elapsed := time.Since(started)
-	cells, err := report.CompareGrid(rows, lab.PolicyWarden)
+	cells, err := report.CompareGrid(rows, *subject)
 	if err != nil {
 		return err
 	}
@@ -71,11 +75,11 @@ func runGrid(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	isBase := func(c report.GridCell) bool { return c.Workload == lab.DefaultWorkload }
 	if grid := filterCells(cells, isBase); len(grid) > 0 {
 		fmt.Fprintf(stdout, "\nThe %s workload at every think time, level and replica count:\n\n", lab.DefaultWorkload)
-		if err := report.PrintGrid(stdout, grid, lab.PolicyWarden); err != nil {
+		if err := report.PrintGrid(stdout, grid, *subject); err != nil {
 			return err
 		}
 		if c.plotsDir != "" {
-			paths, err := report.WriteHeatmaps(c.plotsDir, grid, lab.PolicyWarden)
+			paths, err := report.WriteHeatmaps(c.plotsDir, grid, *subject)
 			if err != nil {
 				return err
 			}
@@ -88,7 +92,7 @@ func runGrid(_ context.Context, args []string, stdout, stderr io.Writer) error {
 			return c.ThinkTimeS == v.ThinkTime.Seconds() && c.Sessions == v.Sessions && c.Replicas == v.Replicas
 		}
 		fmt.Fprintf(stdout, "\nWorkload variants at %s:\n\n", variantCellLabel())
-		if err := report.PrintGrid(stdout, filterCells(cells, atVariantCell), lab.PolicyWarden); err != nil {
+		if err := report.PrintGrid(stdout, filterCells(cells, atVariantCell), *subject); err != nil {
 			return err
 		}
 	}
