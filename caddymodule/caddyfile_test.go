@@ -112,6 +112,7 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on off"), 4, `load_control: unexpected argument "off"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0\n\t\t}"), 5, `fill: expected a positive number such as 1.2, got "0"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill lots\n\t\t}"), 5, `fill: expected a positive number such as 1.2, got "lots"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tquantum 0\n\t\t}"), 5, `quantum: expected a number of turns, or off, got "0"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill\n\t\t}"), 5, "fill: expected a positive number such as 1.2"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tlinger 0s\n\t\t}"), 5, `linger: expected a positive duration such as 30s or 5m, got "0s"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_wait forever\n\t\t}"), 5, `max_wait: expected a positive duration such as 30s or 5m, got "forever"`},

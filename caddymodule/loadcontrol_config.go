@@ -24,7 +24,7 @@ type LoadControlConfig struct {
 	// `PATCH /config/apps/warden/models/<m>/load_control/enabled` finds it.
 	Enabled bool `json:"enabled"`
 	// Fill is the share of each replica's KV capacity that resident
-	// conversations' prompts may hold (default 1.2: prompts are estimated
+	// conversations' prompts may hold (default 1.3: prompts are estimated
 	// from their size, and conversations share their system prompt).
 	Fill float64 `json:"fill,omitempty"`
 	// Linger is how long a conversation stays resident after its turn, so
@@ -38,6 +38,10 @@ type LoadControlConfig struct {
 	// CapacityTokens is each replica's KV cache in tokens; 0 reads it from
 	// the replica's /metrics (vLLM's num_gpu_blocks × block_size).
 	CapacityTokens int `json:"capacity_tokens,omitempty"`
+	// Quantum is how many turns a resident conversation keeps its place
+	// while others wait; it then yields at the end of its turn instead of
+	// lingering (default 3; -1 never yields).
+	Quantum int `json:"quantum,omitempty"`
 }
 
 // admission is the routing core's form of c; nil is off.
@@ -52,6 +56,7 @@ func (c *LoadControlConfig) admission() selection.AdmissionConfig {
 		Linger:         time.Duration(c.Linger),
 		MaxWait:        time.Duration(c.MaxWait),
 		MaxQueue:       c.MaxQueue,
+		Quantum:        c.Quantum,
 	}
 }
 
@@ -68,6 +73,8 @@ func (c *LoadControlConfig) validate() error {
 		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
 	case c.CapacityTokens < 0:
 		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
+	case c.Quantum < -1:
+		return fmt.Errorf("load_control: quantum must be a number of turns, 0 for the default (%d) or -1 for never", selection.DefaultAdmissionQuantum)
 	}
 	return nil
 }
@@ -96,8 +103,10 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 			c.MaxQueue, err = positiveInt(d)
 		case "capacity_tokens":
 			c.CapacityTokens, err = capacityTokens(d)
+		case "quantum":
+			c.Quantum, err = quantum(d)
 		default:
-			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue or capacity_tokens", opt)
+			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue, capacity_tokens or quantum", opt)
 		}
 		if err != nil {
 			return nil, err
@@ -113,6 +122,17 @@ func positiveNumber(d *caddyfile.Dispenser) (float64, error) {
 	return argument(d, "a positive number such as 1.2", func(s string) (float64, bool) {
 		v, err := strconv.ParseFloat(s, 64)
 		return v, err == nil && v > 0 && !math.IsInf(v, 0)
+	})
+}
+
+// quantum reads a number of turns, or off (-1: never yield).
+func quantum(d *caddyfile.Dispenser) (int, error) {
+	return argument(d, "a number of turns, or off", func(s string) (int, bool) {
+		if s == "off" {
+			return -1, true
+		}
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n > 0
 	})
 }
 

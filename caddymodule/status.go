@@ -56,6 +56,9 @@ type LoadControlStatus struct {
 	// CapacityTokens is the configured KV capacity per replica; 0 reads
 	// each replica's from its /metrics.
 	CapacityTokens int `json:"capacity_tokens"`
+	// Quantum is the turns a resident keeps its place while others wait,
+	// -1 when it never yields.
+	Quantum int `json:"quantum"`
 	// Waiting is the number of turns held now.
 	Waiting int `json:"waiting"`
 	// Admitted counts turns admitted, at once or after waiting (forced
@@ -160,6 +163,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			MaxWaitSeconds: admission.MaxWait.Seconds(),
 			MaxQueue:       admission.MaxQueue,
 			CapacityTokens: admission.CapacityTokens,
+			Quantum:        admission.Quantum,
 			Waiting:        st.Admission.Waiting,
 			Admitted:       st.Admission.Admitted,
 			Queued:         st.Admission.Queued,
