@@ -25,6 +25,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // Topologies.
@@ -88,11 +89,21 @@ var policiesFor = map[string][]string{
 // pin per session, as before sub-agents were told apart),
 // "warden-compaction" places a conversation anew after a compaction hint
 // (off by default: a compacted conversation keeps its pin),
-// "warden-nofingerprint" keys no header-less conversation.
-var wardenVariants = map[string]string{
-	"warden-nosubagents":   "subagents off",
-	"warden-compaction":    "compaction on",
-	"warden-nofingerprint": "fingerprint off",
+// "warden-nofingerprint" keys no header-less conversation,
+// "warden-admission" turns load control on (its times scaled like the
+// replicas', as scaled writes them).
+var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
+	"warden-nosubagents":   fixed("subagents off"),
+	"warden-compaction":    fixed("compaction on"),
+	"warden-nofingerprint": fixed("fingerprint off"),
+	"warden-admission": func(scaled func(time.Duration) string) string {
+		return fmt.Sprintf("load_control {\n\t\t\t\tlinger %s\n\t\t\t\tmax_wait %s\n\t\t\t}",
+			scaled(selection.DefaultAdmissionLinger), scaled(selection.DefaultAdmissionWait))
+	},
+}
+
+func fixed(option string) func(func(time.Duration) string) string {
+	return func(func(time.Duration) string) string { return option }
 }
 
 // DefaultPolicies are the policies a topology compares.
@@ -239,8 +250,8 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 	}
 	compactionInterval := cmp.Or(o.CompactionInterval, time.Minute)
 	options := ""
-	if v := wardenVariants[policy]; v != "" {
-		options = "\t\t\t" + v + "\n"
+	if v := wardenVariants[policy]; v != nil {
+		options = "\t\t\t" + v(scaled) + "\n"
 	}
 	global := fmt.Sprintf(`	warden {
 %s		model m {

@@ -31,6 +31,10 @@ func TestWardenVariantsConfig(t *testing.T) {
 			t.Errorf("%s: compaction interval not the scaled default:\n%s", policy, cfg)
 		}
 	}
+	if cfg := caddyfile(o, "warden-admission", sims, &Cluster{}, inst); !strings.Contains(cfg, "load_control {") ||
+		!strings.Contains(cfg, "linger 600ms") || !strings.Contains(cfg, "max_wait 30s") {
+		t.Errorf("warden-admission: load control missing or its times not scaled:\n%s", cfg)
+	}
 	o.CompactionInterval = 20 * time.Second
 	if cfg := caddyfile(o, "warden", sims, &Cluster{}, inst); !strings.Contains(cfg, "compaction_interval 2s") {
 		t.Errorf("compaction interval not scaled:\n%s", cfg)
