@@ -13,6 +13,7 @@ type blockPool struct {
 	head, tail int32
 	numFree    int
 	cached     map[uint64]int32
+	kvEvents   *[]KVEvent // changes of cached, logged in order; nil when nobody asked
 }
 
 func newBlockPool(numBlocks int) *blockPool {
@@ -66,6 +67,9 @@ func (p *blockPool) allocate() int32 {
 	if h := p.hashes[b]; h != 0 {
 		delete(p.cached, h)
 		p.hashes[b] = 0
+		if p.kvEvents != nil {
+			*p.kvEvents = append(*p.kvEvents, KVEvent{Kind: BlockRemoved, BlockHashes: []uint64{h}})
+		}
 	}
 	p.refs[b] = 1
 	return b
@@ -87,14 +91,15 @@ func (p *blockPool) release(b int32) {
 	}
 }
 
-// cache records that block b holds the content with hash h. If another block already holds
-// it, b stays uncached: one copy is enough to serve hits.
-func (p *blockPool) cache(b int32, h uint64) {
+// cache records that block b holds the content with hash h and reports whether it did. If
+// another block already holds it, b stays uncached: one copy is enough to serve hits.
+func (p *blockPool) cache(b int32, h uint64) bool {
 	if _, dup := p.cached[h]; dup {
-		return
+		return false
 	}
 	p.cached[h] = b
 	p.hashes[b] = h
+	return true
 }
 
 // lookup returns the cached block holding hash h.

@@ -104,15 +104,33 @@ func (r *Request) blockHash(b, blockSize int) uint64 {
 		if n > 0 {
 			parent = r.blockHashes[n-1]
 		}
-		h := parent ^ 0x9e3779b97f4a7c15
-		for i := n * blockSize; i < (n+1)*blockSize; i++ {
-			h = (h ^ uint64(r.token(i))) * 0x100000001b3
-		}
-		h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9
-		h = (h ^ (h >> 27)) * 0x94d049bb133111eb
-		r.blockHashes = append(r.blockHashes, (h^(h>>31))|1) // never 0, which means "no hash"
+		h := chainHash(parent, n*blockSize, blockSize, r.token)
+		r.blockHashes = append(r.blockHashes, h)
 	}
 	return r.blockHashes[b]
+}
+
+// chainHash hashes the block of tokens [from, from+blockSize) on its parent block's hash.
+func chainHash(parent uint64, from, blockSize int, token func(int) uint32) uint64 {
+	h := parent ^ 0x9e3779b97f4a7c15
+	for i := from; i < from+blockSize; i++ {
+		h = (h ^ uint64(token(i))) * 0x100000001b3
+	}
+	h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9
+	h = (h ^ (h >> 27)) * 0x94d049bb133111eb
+	return (h ^ (h >> 31)) | 1 // never 0, which means "no hash"
+}
+
+// BlockHashes returns the prefix-cache hashes of the full blocks of tokens, the chain the
+// engine looks up and reports in its KV events.
+func BlockHashes(tokens []uint32, blockSize int) []uint64 {
+	hashes := make([]uint64, 0, len(tokens)/blockSize)
+	parent := uint64(0)
+	for b := range len(tokens) / blockSize {
+		parent = chainHash(parent, b*blockSize, blockSize, func(i int) uint32 { return tokens[i] })
+		hashes = append(hashes, parent)
+	}
+	return hashes
 }
 
 // Event reports the token a request generated in a step. It becomes visible at the end of
@@ -204,7 +222,7 @@ func removeRequest(queue []*Request, r *Request) []*Request {
 // returned slice is reused by the next call. With no work, Step returns 0 and no events.
 func (e *Engine) Step(now time.Duration) (time.Duration, []Event) {
 	e.events = e.events[:0]
-	e.schedule()
+	e.schedule() // the only place the prefix cache changes, so KV events are per step
 	if len(e.scheduled) == 0 {
 		return 0, nil
 	}
@@ -366,9 +384,16 @@ func (e *Engine) allocateSlots(r *Request, hits []int32, newTokens int) bool {
 		r.blocks = append(r.blocks, e.pool.allocate())
 	}
 	full := min(computed+newTokens, r.numTokens()) / bs
+	run := noRun // first block of the current run of newly cached blocks
 	for b := r.numCachedBlocks; b < full; b++ {
-		e.pool.cache(r.blocks[b], r.blockHash(b, bs))
+		if e.pool.cache(r.blocks[b], r.blockHash(b, bs)) {
+			run = min(run, b)
+			continue
+		}
+		e.pool.logStored(r, run, b, bs)
+		run = noRun
 	}
+	e.pool.logStored(r, run, full, bs)
 	r.numCachedBlocks = max(r.numCachedBlocks, full)
 	return true
 }

@@ -41,6 +41,9 @@ type Config struct {
 	// PromptTokensDetails reports cached prompt tokens in usage (vLLM's
 	// --enable-prompt-tokens-details; on here, since measuring caching is the point).
 	PromptTokensDetails bool
+	// KVEvents, when enabled, publishes each engine's prefix-cache changes as vLLM's KV
+	// cache events (--kv-events-config).
+	KVEvents KVEventsConfig
 	// Faults are the fault switches in force at start.
 	Faults Faults
 	// OnRequest, if set, is called with every generation request the server accepted, once
@@ -106,6 +109,9 @@ func (c Config) validate() error {
 	if _, err := dplb.ParseMode(string(c.LB)); err != nil {
 		return err
 	}
+	if err := c.KVEvents.validate(); err != nil {
+		return err
+	}
 	if err := c.Faults.validate(c.ControlPort != 0); err != nil {
 		return err
 	}
@@ -150,13 +156,18 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	if v.servedModelNames != "" {
 		cfg.ServedModelNames = strings.Split(v.servedModelNames, ",")
 	}
+	if v.kvEventsConfig != "" {
+		if cfg.KVEvents, err = ParseKVEventsConfig(v.kvEventsConfig); err != nil {
+			return Config{}, err
+		}
+	}
 	cfg.Faults.Metrics = MetricsFault(v.metricsFault)
 	return cfg, cfg.validate()
 }
 
 // flagValues holds flags that need parsing after flag.Parse.
 type flagValues struct {
-	outputLen, lb, servedModelNames, metricsFault string
+	outputLen, lb, servedModelNames, metricsFault, kvEventsConfig string
 }
 
 func newFlagSet(cfg *Config, v *flagValues, out io.Writer) *flag.FlagSet {
@@ -175,6 +186,8 @@ func newFlagSet(cfg *Config, v *flagValues, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&v.servedModelNames, "served-model-name", "", "comma-separated names requests may use (default: --model)")
 	fs.StringVar(&v.outputLen, "output-len", "max", "reply length: max (= max_tokens) or uniform:LOW:HIGH (HIGH may be max)")
 	fs.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", cfg.PromptTokensDetails, "report cached prompt tokens in usage")
+
+	fs.StringVar(&v.kvEventsConfig, "kv-events-config", "", `vLLM's KV cache events, e.g. {"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", "topic": "kv-events"}`)
 
 	p.RegisterFlags(fs)
 

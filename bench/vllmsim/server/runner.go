@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"log"
 	"sync"
 	"time"
 
@@ -33,6 +34,8 @@ type engineRunner struct {
 	rank  int
 	clock simClock
 	wake  chan struct{}
+	// kvEvents publishes the engine's KV events, when they are on; set before run starts.
+	kvEvents *kvPublisher
 
 	mu            sync.Mutex
 	eng           *engine.Engine
@@ -93,6 +96,7 @@ func (r *engineRunner) run(ctx context.Context) {
 		r.mu.Lock()
 		start := max(busyUntil, r.latestArrival)
 		dur, events := r.eng.Step(start)
+		kv := r.eng.TakeKVEvents()
 		out = out[:0]
 		for _, ev := range events {
 			c := r.calls[ev.Req]
@@ -119,6 +123,12 @@ func (r *engineRunner) run(ctx context.Context) {
 		case <-timer.C:
 		case <-ctx.Done():
 			return
+		}
+		// Like vLLM, a step's cache changes go out when the step ends, before its tokens.
+		if len(kv) > 0 {
+			if err := r.kvEvents.publish(kv); err != nil {
+				log.Printf("vllmsim: rank %d: publishing KV events: %v", r.rank, err)
+			}
 		}
 		for _, d := range out {
 			d.call.events <- d.event

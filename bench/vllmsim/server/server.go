@@ -86,6 +86,9 @@ func New(cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
+		if cfg.KVEvents.enabled() {
+			e.EnableKVEvents()
+		}
 		s.engines = append(s.engines, newEngineRunner(rank, e, s.clock))
 	}
 	s.registry = prometheus.NewRegistry()
@@ -137,6 +140,14 @@ func (s *Server) Start() error {
 		}
 		s.controlAddr = cln.Addr().String()
 		s.spawn(func() { s.controlServer.Serve(cln) })
+	}
+	if err := s.startKVPublishers(); err != nil {
+		ln.Close()
+		if s.controlServer != nil {
+			s.controlServer.Close()
+		}
+		s.done.Wait()
+		return err
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s.stop = stop
@@ -276,7 +287,42 @@ func (s *Server) Close() error {
 		s.controlServer.Close()
 	}
 	s.done.Wait()
+	s.closeKVPublishers()
 	return err
+}
+
+// startKVPublishers binds each rank's KV events socket, if the config asks for them.
+func (s *Server) startKVPublishers() error {
+	if !s.cfg.KVEvents.enabled() {
+		return nil
+	}
+	for _, r := range s.engines {
+		pub, err := newKVPublisher(s.cfg.KVEvents, r.rank, s.cfg.Profile.BlockSize)
+		if err != nil {
+			s.closeKVPublishers()
+			return err
+		}
+		r.kvEvents = pub
+	}
+	return nil
+}
+
+func (s *Server) closeKVPublishers() {
+	for _, r := range s.engines {
+		if r.kvEvents != nil {
+			r.kvEvents.sock.Close()
+			r.kvEvents = nil
+		}
+	}
+}
+
+// KVEventsEndpoint is where rank's KV events are published (tcp://127.0.0.1:PORT), or "" when
+// they are off. Known after Start.
+func (s *Server) KVEventsEndpoint(rank int) string {
+	if rank < 0 || rank >= len(s.engines) || s.engines[rank].kvEvents == nil {
+		return ""
+	}
+	return s.engines[rank].kvEvents.endpoint()
 }
 
 // publishLoads plays the DP coordinator: every dplb.StatsInterval of simulated time it sends

@@ -1,0 +1,105 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// MaxMessageBytes bounds one ZMQ message from a publisher. vLLM's batches are one engine
+// step's cache changes, far below this; zmq4 itself would allocate whatever size a frame
+// header announces.
+const MaxMessageBytes = 16 << 20
+
+// maxFrames bounds the frames of one message (vLLM sends 3), each of which zmq4 keeps.
+const maxFrames = 16
+
+// zmtpGreetingBytes is the size of ZMTP 3's greeting, which precedes the first frame.
+const zmtpGreetingBytes = 64
+
+// limitedTCP is zmq4's TCP transport with each connection wrapped in a frameLimitConn. It is
+// registered under its own scheme so that other zmq4 users keep the plain one.
+const limitedTCP = "kvevents-tcp"
+
+var registerLimitedTCP = sync.OnceValue(func() error {
+	return zmq4.RegisterTransport(limitedTCP, frameLimitTransport{transport.New("tcp")})
+})
+
+type frameLimitTransport struct{ transport.Transport }
+
+func (t frameLimitTransport) Dial(ctx context.Context, dialer transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.Transport.Dial(ctx, dialer, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &frameLimitConn{Conn: c, greeting: zmtpGreetingBytes}, nil
+}
+
+// frameLimitConn reads ZMTP frame headers as they pass and fails the connection when a
+// message would exceed MaxMessageBytes or maxFrames, before zmq4 allocates for it.
+type frameLimitConn struct {
+	net.Conn
+	greeting     int    // greeting bytes still to pass
+	header       []byte // the current frame header, as far as read
+	body         uint64 // body bytes of the current frame still to pass
+	more         bool   // the current frame is not its message's last
+	messageBytes uint64
+	frames       int
+}
+
+func (c *frameLimitConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if verr := c.watch(p[:n]); verr != nil {
+		c.Conn.Close()
+		return 0, verr
+	}
+	return n, err
+}
+
+func (c *frameLimitConn) watch(b []byte) error {
+	for len(b) > 0 {
+		switch {
+		case c.greeting > 0:
+			k := min(c.greeting, len(b))
+			c.greeting -= k
+			b = b[k:]
+		case c.body > 0:
+			k := min(c.body, uint64(len(b)))
+			c.body -= k
+			b = b[k:]
+			continue
+		default:
+			c.header = append(c.header, b[0])
+			b = b[1:]
+			const flagMore, flagLong = 0x01, 0x02
+			want := 2
+			if c.header[0]&flagLong != 0 {
+				want = 9
+			}
+			if len(c.header) < want {
+				continue
+			}
+			size := uint64(c.header[1])
+			if want == 9 {
+				size = binary.BigEndian.Uint64(c.header[1:9])
+			}
+			if !c.more { // a new message starts
+				c.messageBytes, c.frames = 0, 0
+			}
+			c.more = c.header[0]&flagMore != 0
+			c.header = c.header[:0]
+			c.frames++
+			if size > MaxMessageBytes-c.messageBytes || c.frames > maxFrames {
+				return fmt.Errorf("kvevents: publisher sent a message over %d bytes or %d frames", MaxMessageBytes, maxFrames)
+			}
+			c.messageBytes += size
+			c.body = size
+		}
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/lmwarden/caddy-warden/internal/testnet"
+)
+
+const topic = "kv-events"
+
+// newTestSubscriber is a Subscriber fed by handle alone, with no socket.
+func newTestSubscriber(maxBlocks int) *Subscriber {
+	return &Subscriber{topic: topic, set: newBlockSet(maxBlocks)}
+}
+
+func stored(hashes ...uint64) map[string]any {
+	return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
+		"token_ids": []uint32{1, 2}, "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil, "group_idx": 0}
+}
+
+func removed(hashes ...uint64) map[string]any {
+	return map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}
+}
+
+var cleared = map[string]any{"type": "AllBlocksCleared"}
+
+// message builds the frames vLLM sends for one batch: [ts, events, dp_rank].
+func message(t *testing.T, seq uint64, events ...any) [][]byte {
+	t.Helper()
+	payload, err := msgpack.Marshal([]any{1789095808.8, events, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return [][]byte{[]byte(topic), binary.BigEndian.AppendUint64(nil, seq), payload}
+}
+
+func TestStoredRemovedCleared(t *testing.T) {
+	s := newTestSubscriber(100)
+	s.handle(message(t, 0, stored(11, 12, 13), stored(14)))
+	if got := s.Cached([]uint64{11, 12, 13, 14, 15}); got != 4 {
+		t.Fatalf("Cached = %d, want 4", got)
+	}
+	s.handle(message(t, 1, removed(12)))
+	if got := s.Cached([]uint64{11, 12, 13}); got != 1 {
+		t.Fatalf("after removing block 2: Cached = %d, want 1 (a hit stops at the first miss)", got)
+	}
+	s.handle(message(t, 2, cleared, stored(99)))
+	if got, st := s.Cached([]uint64{11}), s.Stats(); got != 0 || st.Blocks != 1 || st.Batches != 3 || st.Gaps != 0 || st.Garbage != 0 {
+		t.Fatalf("after clear: Cached = %d, stats %+v", got, st)
+	}
+}
+
+func TestLegacyArrayEventsAndByteHashes(t *testing.T) {
+	s := newTestSubscriber(100)
+	hash7 := []byte{0xaa, 0, 0, 0, 0, 0, 0, 0, 0, 7} // the last 8 bytes are the integer form
+	s.handle(message(t, 0,
+		[]any{"BlockStored", []any{uint64(1 << 63), -5, hash7}, nil, []uint32{1}, 16, nil, "GPU"},
+		[]any{"BlockStored", []uint64{40}, nil, []uint32{1}, 16, nil, "CPU"}, // offloaded: not in GPU cache
+		[]any{"BlockRemoved", []uint64{-5 & (1<<64 - 1)}, "GPU"},
+		[]any{"SomeFutureEvent", 1, 2},
+	))
+	if st := s.Stats(); st.Garbage != 0 || st.Blocks != 2 {
+		t.Fatalf("stats %+v, want 2 blocks and no garbage", st)
+	}
+	if got := s.Cached([]uint64{1 << 63, -5 & (1<<64 - 1), 7}); got != 1 {
+		t.Fatalf("Cached = %d, want 1: block 7 is there but the chain breaks at the removed one", got)
+	}
+	if s.Cached([]uint64{7}) != 1 || s.Cached([]uint64{40}) != 0 {
+		t.Fatal("a bytes hash must be read as its last 8 bytes, and a CPU block must not count")
+	}
+}
+
+func TestSequenceGapsAndRestart(t *testing.T) {
+	s := newTestSubscriber(100)
+	s.handle(message(t, 0, stored(1)))
+	s.handle(message(t, 1, stored(2)))
+	s.handle(message(t, 3, stored(3))) // batch 2 was lost
+	if st := s.Stats(); st.Gaps != 1 || st.Blocks != 3 {
+		t.Fatalf("after a skipped batch: %+v", st)
+	}
+	s.handle(message(t, 0, stored(9))) // the publisher restarted with an empty cache
+	if st := s.Stats(); st.Gaps != 2 || st.Blocks != 1 || s.Cached([]uint64{9}) != 1 {
+		t.Fatalf("after a restart: %+v", st)
+	}
+	late := newTestSubscriber(100)
+	late.handle(message(t, 5, stored(1)))
+	if st := late.Stats(); st.Gaps != 1 {
+		t.Fatalf("joining mid-stream must count as a gap: %+v", st)
+	}
+}
+
+func TestGarbageIsCountedAndSkipped(t *testing.T) {
+	s := newTestSubscriber(100)
+	s.handle(message(t, 0, stored(1)))
+	good := message(t, 1, stored(2))
+	bad := [][][]byte{
+		{[]byte(topic), good[1]},                                                                              // two frames
+		{[]byte("other"), good[1], good[2]},                                                                   // another topic
+		{[]byte(topic), []byte{1, 2, 3}, good[2]},                                                             // short sequence
+		{[]byte(topic), good[1], []byte("not msgpack at all")},                                                // garbage payload
+		{[]byte(topic), good[1], good[2][:len(good[2])-3]},                                                    // truncated
+		{[]byte(topic), good[1], append(append([]byte{}, good[2]...), 0xc0)},                                  // trailing bytes
+		{[]byte(topic), good[1], {0xdd, 0xff, 0xff, 0xff, 0xff}},                                              // array of 4G elements, none sent
+		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{map[string]any{"block_hashes": []int{5}}}})}, // no type
+		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{map[string]any{"type": "BlockStored"}}})},    // no hashes
+		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{stored(5), map[string]any{"type": "BlockStored", "block_hashes": []string{"x"}}}})}, // half bad
+	}
+	for i, m := range bad {
+		if len(m[1]) == 8 {
+			m[1] = binary.BigEndian.AppendUint64(nil, uint64(1+i)) // in sequence: no restart
+		}
+		s.handle(m)
+	}
+	st := s.Stats()
+	if st.Garbage != uint64(len(bad)) || st.Blocks != 1 || s.Cached([]uint64{5}) != 0 {
+		t.Fatalf("after %d bad messages: %+v (a bad batch must apply nothing)", len(bad), st)
+	}
+	s.handle(message(t, uint64(len(bad)+1), stored(2)))
+	if s.Cached([]uint64{1}) != 1 || s.Cached([]uint64{2}) != 1 {
+		t.Fatal("a good batch after garbage must still apply")
+	}
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestSetIsCapped(t *testing.T) {
+	s := newTestSubscriber(3)
+	s.handle(message(t, 0, stored(1, 2, 3, 4, 5)))
+	if st := s.Stats(); st.Blocks != 3 || st.Overflows != 2 {
+		t.Fatalf("stats %+v, want 3 blocks and 2 overflows", st)
+	}
+	s.handle(message(t, 1, removed(1), stored(6)))
+	if s.Cached([]uint64{6}) != 1 {
+		t.Fatal("room made by a removal must be usable")
+	}
+}
+
+// frame encodes one ZMTP frame header for a body of size bytes.
+func frame(more bool, size uint64) []byte {
+	flags := byte(0)
+	if more {
+		flags |= 0x01
+	}
+	if size <= 255 {
+		return []byte{flags, byte(size)}
+	}
+	return binary.BigEndian.AppendUint64([]byte{flags | 0x02}, size)
+}
+
+func TestFrameLimit(t *testing.T) {
+	greeting := make([]byte, zmtpGreetingBytes)
+	ok := &frameLimitConn{greeting: zmtpGreetingBytes}
+	stream := append(append([]byte{}, greeting...), frame(true, 3)...)
+	stream = append(stream, "abc"...)
+	stream = append(stream, frame(false, 1000)...)
+	stream = append(stream, make([]byte, 1000)...)
+	for i := range stream { // byte by byte: headers may split across reads
+		if err := ok.watch(stream[i : i+1]); err != nil {
+			t.Fatalf("a small message was refused: %v", err)
+		}
+	}
+	huge := &frameLimitConn{greeting: zmtpGreetingBytes}
+	if err := huge.watch(append(greeting, frame(false, 1<<40)...)); err == nil {
+		t.Fatal("a 1 TB frame header must fail the connection")
+	}
+	many := &frameLimitConn{greeting: zmtpGreetingBytes}
+	stream = greeting
+	for range maxFrames + 1 {
+		stream = append(stream, frame(true, 0)...)
+	}
+	if err := many.watch(stream); err == nil {
+		t.Fatal("a message of endless empty frames must fail the connection")
+	}
+}
+
+// TestSubscribeOverZMQ runs a real PUB socket on loopback and checks that a Subscriber gets its
+// batches, and that Close stops it.
+func TestSubscribeOverZMQ(t *testing.T) {
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", testnet.Port(t))
+	pub := zmq4.NewPub(context.Background())
+	defer pub.Close()
+	if err := pub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Subscribe(Options{Endpoint: endpoint, Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// PUB drops messages until the subscription arrives: resend batch 0 until it lands.
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Cached([]uint64{1}) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no batch arrived: %+v", s.Stats())
+		}
+		if err := pub.Send(zmq4.NewMsgFrom(message(t, 0, stored(1))...)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	closed := make(chan error)
+	go func() { closed <- s.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not stop the subscriber")
+	}
+	if s.Cached([]uint64{1}) != 1 {
+		t.Fatal("the view must stay readable after Close")
+	}
+}
+
+func TestSubscribeRejectsBadOptions(t *testing.T) {
+	for _, o := range []Options{{Endpoint: "127.0.0.1:5557"}, {Endpoint: "ipc:///tmp/x"}, {Endpoint: "tcp://127.0.0.1:5557", MaxBlocks: -1}} {
+		if _, err := Subscribe(o); err == nil {
+			t.Fatalf("%+v accepted", o)
+		}
+	}
+}

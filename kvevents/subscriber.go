@@ -1,0 +1,157 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// DefaultMaxBlocks is the default cap of a replica's set: far above the blocks of any one GPU's
+// KV cache at block size 16, and a few tens of MB at most.
+const DefaultMaxBlocks = 1 << 20
+
+// Options says which publisher to follow.
+type Options struct {
+	// Endpoint is the replica's publisher, tcp://host:port (vLLM's endpoint, with the host
+	// to connect to; port + rank for DP rank > 0).
+	Endpoint string
+	// Topic is vLLM's "topic"; only messages whose topic frame is exactly this count.
+	Topic string
+	// MaxBlocks caps the set; 0 means DefaultMaxBlocks.
+	MaxBlocks int
+}
+
+// Stats says how well the set follows the replica.
+type Stats struct {
+	Blocks    int    // hashes in the set
+	Batches   uint64 // batches applied
+	Gaps      uint64 // times batches were missed or the publisher restarted: the set may be stale
+	Garbage   uint64 // messages skipped because they were not well-formed batches of the topic
+	Overflows uint64 // stored hashes not kept because the set was at MaxBlocks
+}
+
+// Subscriber follows one replica's KV cache events from its own goroutine until Close.
+type Subscriber struct {
+	topic  string
+	sock   zmq4.Socket
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.RWMutex
+	set     *blockSet
+	lastSeq uint64
+	started bool // a message was seen, so lastSeq means something
+	stats   Stats
+}
+
+// Subscribe starts following the publisher at o.Endpoint. It returns at once: the connection
+// is made, and remade, in the background.
+func Subscribe(o Options) (*Subscriber, error) {
+	addr, ok := strings.CutPrefix(o.Endpoint, "tcp://")
+	if !ok || addr == "" {
+		return nil, errors.New("kvevents: endpoint must be tcp://host:port")
+	}
+	if o.MaxBlocks < 0 {
+		return nil, errors.New("kvevents: MaxBlocks must not be negative")
+	}
+	if o.MaxBlocks == 0 {
+		o.MaxBlocks = DefaultMaxBlocks
+	}
+	if err := registerLimitedTCP(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(100*time.Millisecond),
+		zmq4.WithAutomaticReconnect(true))
+	if err := sock.SetOption(zmq4.OptionSubscribe, o.Topic); err != nil {
+		cancel()
+		sock.Close()
+		return nil, err
+	}
+	s := &Subscriber{topic: o.Topic, sock: sock, cancel: cancel, done: make(chan struct{}), set: newBlockSet(o.MaxBlocks)}
+	go s.run(ctx, limitedTCP+"://"+addr)
+	return s, nil
+}
+
+func (s *Subscriber) run(ctx context.Context, endpoint string) {
+	defer close(s.done)
+	if err := s.sock.Dial(endpoint); err != nil {
+		return // only when closed: dialing retries forever
+	}
+	for {
+		msg, err := s.sock.Recv()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil { // a lost connection; zmq4 redials
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		s.handle(msg.Frames)
+	}
+}
+
+// handle applies one message: [topic, 8-byte big-endian sequence, msgpack KVEventBatch].
+func (s *Subscriber) handle(frames [][]byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(frames) != 3 || string(frames[0]) != s.topic || len(frames[1]) != 8 {
+		s.stats.Garbage++
+		return
+	}
+	seq := binary.BigEndian.Uint64(frames[1])
+	switch {
+	case !s.started && seq != 0: // joined late: what was stored before is unknown
+		s.stats.Gaps++
+	case s.started && seq <= s.lastSeq: // a new publisher, so a new, empty cache
+		s.stats.Gaps++
+		s.set.clear()
+	case s.started && seq != s.lastSeq+1:
+		s.stats.Gaps++
+	}
+	s.started, s.lastSeq = true, seq
+	events, err := decodeBatch(frames[2])
+	if err != nil {
+		s.stats.Garbage++
+		return
+	}
+	for _, ev := range events {
+		s.set.apply(ev)
+	}
+	s.stats.Batches++
+}
+
+// Cached returns how many leading blocks of a prompt's block-hash chain the replica holds, by
+// its events so far.
+func (s *Subscriber) Cached(hashes []uint64) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.set.leading(hashes)
+}
+
+// Stats returns the set's size and counters.
+func (s *Subscriber) Stats() Stats {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st := s.stats
+	st.Blocks = len(s.set.blocks)
+	st.Overflows = s.set.overflows
+	return st
+}
+
+// Close disconnects and stops the goroutine; the last view stays readable.
+func (s *Subscriber) Close() error {
+	s.cancel()
+	err := s.sock.Close()
+	<-s.done
+	return err
+}
