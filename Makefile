@@ -24,7 +24,7 @@ UNIT_PKGS := . ./selection/... ./fleet/... ./metricsfeed/... ./health/... ./sess
 # expect them refused, or have timing windows: one package at a time, so
 # that no other package takes a port one of them just freed. Raced
 # (caddymodule also runs Caddy in-process for its leak check).
-SERVER_PKGS := ./supervise/... ./pinstore/... ./caddymodule/...
+SERVER_PKGS := ./supervise/... ./pinstore/... ./kvevents/... ./caddymodule/...
 # Bench module, the same three groups (paths relative to bench/); the last
 # one runs Caddy and vllmsim processes, not raced. clienttest drives the real
 # agent CLIs that `npm ci` installs in bench/clienttest (.ci/run does).
