@@ -120,7 +120,7 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tcapacity_tokens -1\n\t\t}"), 5, `capacity_tokens: expected a number of tokens, or 0 to read it from /metrics, got "-1"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 5 6\n\t\t}"), 5, `max_queue: unexpected argument "6"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tqueue 5\n\t\t}"), 5,
-			`unrecognized load_control option "queue"; expected fill, linger, max_wait, max_queue or capacity_tokens`},
+			`unrecognized load_control option "queue"; expected fill, linger, max_wait, max_queue, capacity_tokens or quantum`},
 		// The option and model lines themselves.
 		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
 		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},
