@@ -24,9 +24,6 @@ const (
 	outcomeCancelled = "cancelled" // its client left while it waited
 )
 
-// bytesPerToken turns a prompt's size into tokens, roughly.
-const bytesPerToken = 4
-
 // admit asks load control whether the request's turn may go to a replica
 // now, and holds it in the request's own goroutine while it must wait. It
 // reports false when the turn must not be sent: the queue is full, or its
@@ -98,7 +95,7 @@ func turnTokens(r *http.Request) int {
 	if b, ok := r.Body.(replayedBody); ok && n <= 0 {
 		n = b.readAhead
 	}
-	return max(1, n/bytesPerToken)
+	return selection.EstimateTokens(int64(n))
 }
 
 // readBody reads the rest of the request body into memory and hands it on

@@ -78,6 +78,14 @@ func (c AdmissionConfig) withDefaults() AdmissionConfig {
 	return c
 }
 
+// BytesPerToken is how many request-body bytes make a prompt token, about:
+// JSON around English text and code runs near 4.
+const BytesPerToken = 4
+
+// EstimateTokens is a prompt's size in tokens from its request body's size,
+// as load control counts it.
+func EstimateTokens(bodyBytes int64) int { return max(1, int(bodyBytes/BytesPerToken)) }
+
 // TicketState is where a turn stands with load control.
 type TicketState uint8
 
@@ -104,6 +112,7 @@ type Ticket struct {
 	queuedAt int64
 	state    TicketState
 	res      *resident // set once admitted
+	resident bool      // its conversation was resident when it arrived
 }
 
 // resident is a conversation holding its place in a replica's cache.
@@ -145,6 +154,7 @@ func (v *View) Admit(key uint64, tokens int, usable func(string) bool, now time.
 	notify := v.expire(now.UnixNano())
 	switch {
 	case g.residents[key] != nil:
+		t.resident = true
 		g.admit(t, g.residents[key].rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano()):
 	case len(g.queue) >= v.cfg.Admission.MaxQueue:
@@ -170,6 +180,10 @@ func (t *Ticket) State() TicketState {
 	defer g.mu.Unlock()
 	return t.state
 }
+
+// Resident reports whether the turn's conversation was resident when the
+// turn arrived: load control then expects its prefix to be cached.
+func (t *Ticket) Resident() bool { return t != nil && t.resident }
 
 // Done ends an admitted turn: its conversation stays resident for Linger.
 // It is a no-op in any other state, so a deferred Done is always safe.

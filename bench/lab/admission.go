@@ -27,6 +27,17 @@ type admissionPolicy struct {
 	*wardenPolicy
 	env     *Env
 	waiting map[*selection.Ticket]waiter
+	// seen, when not nil, records what load control believed of each turn,
+	// to be checked against the engines' ground truth.
+	seen []belief
+}
+
+// belief is what load control estimated of a turn when it arrived.
+type belief struct {
+	key      string
+	at       time.Duration
+	tokens   int  // the prompt's estimated size
+	resident bool // its conversation was resident: its prefix should be cached
 }
 
 // waiter is a held turn: when it was queued and how to send it.
@@ -64,10 +75,14 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 			t.Done(virtualTime(p.env.Now()))
 		})
 	}
-	t = p.view.Admit(selection.HashKey(a.Key), int(a.PromptBytes/4), nil, virtualTime(a.Now), func() {
+	tokens := selection.EstimateTokens(a.PromptBytes)
+	t = p.view.Admit(selection.HashKey(a.Key), tokens, nil, virtualTime(a.Now), func() {
 		delete(p.waiting, t)
 		send()
 	})
+	if p.seen != nil {
+		p.seen = append(p.seen, belief{key: a.Key, at: a.Now, tokens: tokens, resident: t.Resident()})
+	}
 	switch t.State() {
 	case selection.Admitted:
 		send()
