@@ -117,25 +117,32 @@ type Ticket struct {
 
 // resident is a conversation holding its place in a replica's cache.
 type resident struct {
+	key       uint64
 	rep       *replicaState
 	tokens    int
 	running   int   // turns admitted and not done
 	turns     int   // turns admitted since it became resident
 	idleSince int64 // when the last turn ended, if running is 0
+	// prev and next link the idle residents, oldest first, so that expiry
+	// looks only at those due, however many conversations are resident.
+	prev, next *resident
+	idle       bool
 }
 
 // gate is a router's load-control state; it outlives config loads.
 type gate struct {
 	mu        sync.Mutex
 	residents map[uint64]*resident
-	held      map[*replicaState]int // resident tokens per replica
+	held      map[*replicaState]residency // what each replica holds resident
+	idleHead  *resident                   // the idle resident that ended its turn first
+	idleTail  *resident
 	queue     []*Ticket
 
 	admitted, queued, forced, refused, cancelled uint64
 }
 
 func newGate() *gate {
-	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]int{}}
+	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{}}
 }
 
 // Admit asks load control whether a turn of the conversation key, whose
@@ -200,9 +207,11 @@ func (t *Ticket) Done(now time.Time) {
 	t.state = Gone
 	t.res.running--
 	if t.res.running == 0 {
-		t.res.idleSince = now.UnixNano()
 		if q := t.view.cfg.Admission.Quantum; q > 0 && t.res.turns >= q && len(g.queue) > 0 {
-			t.res.idleSince -= int64(t.view.cfg.Admission.Linger) // yield now
+			g.drop(t.res) // its quantum is used up and others wait: it yields
+		} else {
+			t.res.idleSince = now.UnixNano()
+			g.pushIdle(t.res)
 		}
 	}
 	notify := t.view.expire(now.UnixNano())
@@ -267,17 +276,15 @@ func (v *View) Admission() AdmissionConfig { return v.cfg.Admission }
 // admit makes t's conversation resident on rep (g.mu held).
 func (g *gate) admit(t *Ticket, rep *replicaState) {
 	res := g.residents[t.key]
-	switch {
-	case res == nil:
-		res = &resident{rep: rep}
+	if res == nil {
+		res = &resident{key: t.key}
 		g.residents[t.key] = res
-	case res.rep != rep:
-		g.held[res.rep] -= res.tokens
-		res.rep = rep
-		res.tokens = 0
+	} else {
+		g.unlinkIdle(res)
+		g.hold(res, -1)
 	}
-	g.held[rep] += t.tokens - res.tokens
-	res.tokens = t.tokens
+	res.rep, res.tokens = rep, t.tokens
+	g.hold(res, +1)
 	res.running++
 	res.turns++
 	t.res, t.state = res, Admitted
@@ -293,17 +300,58 @@ func (g *gate) unqueue(t *Ticket) {
 	}
 }
 
+// hold adds (sign +1) or removes (-1) res to what its replica holds.
+func (g *gate) hold(res *resident, sign int) {
+	h := g.held[res.rep]
+	h.count += sign
+	h.tokens += sign * res.tokens
+	g.held[res.rep] = h
+}
+
+// drop ends res's residency.
+func (g *gate) drop(res *resident) {
+	g.unlinkIdle(res)
+	g.hold(res, -1)
+	delete(g.residents, res.key)
+}
+
+// pushIdle appends res, whose turn just ended, to the idle list.
+func (g *gate) pushIdle(res *resident) {
+	res.idle, res.prev, res.next = true, g.idleTail, nil
+	if g.idleTail != nil {
+		g.idleTail.next = res
+	} else {
+		g.idleHead = res
+	}
+	g.idleTail = res
+}
+
+func (g *gate) unlinkIdle(res *resident) {
+	if !res.idle {
+		return
+	}
+	if res.prev != nil {
+		res.prev.next = res.next
+	} else {
+		g.idleHead = res.next
+	}
+	if res.next != nil {
+		res.next.prev = res.prev
+	} else {
+		g.idleTail = res.prev
+	}
+	res.idle, res.prev, res.next = false, nil, nil
+}
+
 // expire ends the residency of conversations idle past Linger, then admits
 // queued turns into the room freed (g.mu held); it returns the ready
-// callbacks to run once the lock is released.
+// callbacks to run once the lock is released. Only the residents due are
+// looked at: the idle list is in the order their turns ended.
 func (v *View) expire(now int64) []func() {
 	g := v.router.gate
 	linger := int64(v.cfg.Admission.Linger)
-	for key, res := range g.residents {
-		if res.running == 0 && now-res.idleSince >= linger {
-			g.held[res.rep] -= res.tokens
-			delete(g.residents, key)
-		}
+	for g.idleHead != nil && now-g.idleHead.idleSince >= linger {
+		g.drop(g.idleHead)
 	}
 	return v.admitQueued(now)
 }
@@ -363,8 +411,8 @@ func (r *Router) settle(key uint64, s *replicaState, now int64) {
 // hasRoom reports whether tokens more fit in s's share of cache; a replica
 // with nothing resident takes any one conversation, however long.
 func (v *View) hasRoom(s *replicaState, tokens int) bool {
-	held := v.router.gate.held[s]
-	if held == 0 {
+	held := v.router.gate.held[s].tokens
+	if v.router.gate.held[s].count == 0 {
 		return true
 	}
 	capacity := v.cfg.Admission.CapacityTokens
@@ -410,11 +458,8 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]residency 
 		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled,
 	}
 	out := make(map[*replicaState]residency, len(v.replicas))
-	for _, res := range g.residents {
-		r := out[res.rep]
-		r.count++
-		r.tokens += res.tokens
-		out[res.rep] = r
+	for _, s := range v.replicas {
+		out[s] = g.held[s]
 	}
 	return out
 }

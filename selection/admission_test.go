@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -167,5 +168,24 @@ func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 	mustState(t, b, Admitted)
 	if a3 := turn("a"); a3.State() != Waiting {
 		t.Fatal("a's third turn did not queue behind b after a yielded")
+	}
+}
+
+// BenchmarkAdmitAmongManyResidents is a turn of a resident conversation
+// while a flood of tiny conversations holds the rest of the caches: its
+// cost must not grow with the number of residents.
+func BenchmarkAdmitAmongManyResidents(b *testing.B) {
+	for _, residents := range []int{100, 100_000} {
+		b.Run(fmt.Sprint(residents), func(b *testing.B) {
+			r := newTestRouter(4, Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1 << 30, Linger: time.Hour}})
+			for i := range residents {
+				r.Admit(uint64(i+1), 1, nil, t0, nil).Done(t0)
+			}
+			now := t0.Add(time.Second)
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Admit(1, 1, nil, now, nil).Done(now)
+			}
+		})
 	}
 }
