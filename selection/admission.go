@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"container/list"
 	"sync"
 	"time"
 )
@@ -109,7 +110,6 @@ type Ticket struct {
 	tokens   int
 	usable   func(string) bool
 	ready    func()
-	queuedAt int64
 	state    TicketState
 	res      *resident // set once admitted
 	resident bool      // its conversation was resident when it arrived
@@ -120,13 +120,10 @@ type resident struct {
 	key       uint64
 	rep       *replicaState
 	tokens    int
-	running   int   // turns admitted and not done
-	turns     int   // turns admitted since it became resident
-	idleSince int64 // when the last turn ended, if running is 0
-	// prev and next link the idle residents, oldest first, so that expiry
-	// looks only at those due, however many conversations are resident.
-	prev, next *resident
-	idle       bool
+	running   int           // turns admitted and not done
+	turns     int           // turns admitted since it became resident
+	idleSince int64         // when the last turn ended, if running is 0
+	idle      *list.Element // its place in gate.idle while it is idle
 }
 
 // gate is a router's load-control state; it outlives config loads.
@@ -134,9 +131,11 @@ type gate struct {
 	mu        sync.Mutex
 	residents map[uint64]*resident
 	held      map[*replicaState]residency // what each replica holds resident
-	idleHead  *resident                   // the idle resident that ended its turn first
-	idleTail  *resident
-	queue     []*Ticket
+	// idle lists the residents with no turn running, in the order their
+	// turns ended, so that expiry looks only at those due, however many
+	// conversations are resident.
+	idle  list.List
+	queue []*Ticket
 
 	admitted, queued, forced, refused, cancelled uint64
 }
@@ -168,7 +167,7 @@ func (v *View) Admit(key uint64, tokens int, usable func(string) bool, now time.
 		t.state = Refused
 		g.refused++
 	default:
-		t.state, t.queuedAt = Waiting, now.UnixNano()
+		t.state = Waiting
 		g.queue = append(g.queue, t)
 		g.queued++
 	}
@@ -316,31 +315,13 @@ func (g *gate) drop(res *resident) {
 }
 
 // pushIdle appends res, whose turn just ended, to the idle list.
-func (g *gate) pushIdle(res *resident) {
-	res.idle, res.prev, res.next = true, g.idleTail, nil
-	if g.idleTail != nil {
-		g.idleTail.next = res
-	} else {
-		g.idleHead = res
-	}
-	g.idleTail = res
-}
+func (g *gate) pushIdle(res *resident) { res.idle = g.idle.PushBack(res) }
 
 func (g *gate) unlinkIdle(res *resident) {
-	if !res.idle {
-		return
+	if res.idle != nil {
+		g.idle.Remove(res.idle)
+		res.idle = nil
 	}
-	if res.prev != nil {
-		res.prev.next = res.next
-	} else {
-		g.idleHead = res.next
-	}
-	if res.next != nil {
-		res.next.prev = res.prev
-	} else {
-		g.idleTail = res.prev
-	}
-	res.idle, res.prev, res.next = false, nil, nil
 }
 
 // expire ends the residency of conversations idle past Linger, then admits
@@ -350,8 +331,8 @@ func (g *gate) unlinkIdle(res *resident) {
 func (v *View) expire(now int64) []func() {
 	g := v.router.gate
 	linger := int64(v.cfg.Admission.Linger)
-	for g.idleHead != nil && now-g.idleHead.idleSince >= linger {
-		g.drop(g.idleHead)
+	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; e = g.idle.Front() {
+		g.drop(e.Value.(*resident))
 	}
 	return v.admitQueued(now)
 }
