@@ -375,16 +375,10 @@ func (v *View) admitOne(t *Ticket, now int64) bool {
 // settle pins key to s, where load control admitted it: a new conversation
 // is placed there, a pinned one moved there.
 func (r *Router) settle(key uint64, s *replicaState, now int64) {
-	sh := r.sessions.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	switch e := sh.byKey[key]; {
-	case e == nil:
-		_, dropped := sh.insert(key, s, now)
-		r.evicted.Add(uint64(dropped))
+	switch inserted, moved := r.pinTo(key, s, now); {
+	case inserted:
 		s.placed.Add(1)
-	case e.pin != s:
-		e.repin(s)
+	case moved:
 		s.replaced.Add(1)
 	}
 }

@@ -84,22 +84,30 @@ func (v *View) Adopt(key uint64, replica string, now time.Time) bool {
 	if to == nil || !to.healthy.Load() {
 		return false
 	}
-	r := v.router
-	sh := r.sessions.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.byKey[key]
-	switch {
-	case e == nil:
-		_, dropped := sh.insert(key, to, now.UnixNano())
-		r.evicted.Add(uint64(dropped))
-	case e.pin == to:
+	if inserted, moved := v.router.pinTo(key, to, now.UnixNano()); !inserted && !moved {
 		return false
-	default:
-		e.repin(to)
 	}
 	to.adopted.Add(1)
 	return true
+}
+
+// pinTo pins key to s, learning a conversation it does not hold (inserted)
+// or moving its pin (moved); neither when it was pinned there already.
+func (r *Router) pinTo(key uint64, s *replicaState, now int64) (inserted, moved bool) {
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	switch e := sh.byKey[key]; {
+	case e == nil:
+		_, dropped := sh.insert(key, s, now)
+		r.evicted.Add(uint64(dropped))
+		return true, false
+	case e.pin == s:
+		return false, false
+	default:
+		e.repin(s)
+		return false, true
+	}
 }
 
 // PinsUsedSince lists the pins used at or after t, most recent first within
