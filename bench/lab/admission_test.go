@@ -13,19 +13,7 @@ func TestLoadControlHoldsTurnsDeepInOverload(t *testing.T) {
 	cfg.Duration = time.Minute
 	hits := map[string]float64{}
 	for _, name := range []string{PolicyWarden, PolicyAdmission} {
-		f, err := newFleet(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env := newEnv(cfg, f, 3)
-		policy, err := policyFactories[name](env)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := simulate(env, policy, 32, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
+		policy, out := runFresh(t, cfg, name, 32, 3)
 		hits[name] = out.row(name).PrefixHitPercent
 		if p, ok := policy.(*admissionPolicy); ok {
 			st := p.view.Status().Admission

@@ -18,6 +18,26 @@ func shortConfig() Config {
 	return cfg
 }
 
+// runFresh runs policy name at a level on a fresh fleet and returns the
+// policy with the run's outcome.
+func runFresh(t *testing.T, cfg Config, name string, sessions int, seed int64) (Policy, *outcome) {
+	t.Helper()
+	f, err := newFleet(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := newEnv(cfg, f, seed)
+	policy, err := policyFactories[name](env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := simulate(env, policy, sessions, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return policy, out
+}
+
 func TestSweepIsDeterministicWhateverTheWorkers(t *testing.T) {
 	plan := Plan{Policies: []string{PolicyWarden, PolicyVLLM, PolicyLeastConn}, Levels: []int{2, 6}, Seeds: []int64{1, 2}}
 	calls := 0
@@ -59,19 +79,7 @@ func TestShortRunsAccountForEveryRequest(t *testing.T) {
 	cfg := shortConfig()
 	for _, name := range PolicyNames() {
 		for _, sessions := range []int{2, 12} {
-			f, err := newFleet(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			env := newEnv(cfg, f, 7)
-			policy, err := policyFactories[name](env)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := simulate(env, policy, sessions, 7)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, out := runFresh(t, cfg, name, sessions, 7)
 			s, sum, row := out.sim, out.summary, out.row(name)
 			delta := func(f func(engine.Stats) uint64) uint64 { return f(out.after) - f(out.before) }
 			queries := delta(func(s engine.Stats) uint64 { return s.PrefixCacheQueries })
@@ -222,19 +230,7 @@ func TestConversationTimes(t *testing.T) {
 		t.Helper()
 		cfg := shortConfig()
 		cfg.ConversationTail = tail
-		f, err := newFleet(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env := newEnv(cfg, f, 3)
-		policy, err := policyFactories[PolicyWarden](env)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := simulate(env, policy, 6, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, out := runFresh(t, cfg, PolicyWarden, 6, 3)
 		return out
 	}
 	out := run(DefaultConversationTail)
