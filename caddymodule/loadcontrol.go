@@ -24,11 +24,11 @@ const (
 	outcomeCancelled = "cancelled" // its client left while it waited
 )
 
-// admit asks load control whether the request's turn may go to a replica
-// now, and holds it in the request's own goroutine while it must wait. It
-// reports false when the turn must not be sent: the queue is full, or its
-// client left while it waited.
-func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, pool reverseproxy.UpstreamPool) bool {
+// admit asks load control whether the request's turn (its prompt about
+// tokens long) may go to a replica now, and holds it in the request's own
+// goroutine while it must wait. It reports false when the turn must not be
+// sent: the queue is full, or its client left while it waited.
+func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, tokens int, pool reverseproxy.UpstreamPool) bool {
 	if !p.view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
@@ -37,7 +37,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	start := time.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
-	t := p.view.Admit(held.id.Key, turnTokens(r), usable, start, func() { close(ready) })
+	t := p.view.Admit(held.id.Key, tokens, usable, start, func() { close(ready) })
 	held.ticket = t
 	if t == nil {
 		return true // affinity off, or no key to hold the turn by
@@ -88,14 +88,18 @@ func retryAfter(linger time.Duration) string {
 	return strconv.Itoa(max(1, int(math.Ceil(linger.Seconds()))))
 }
 
-// turnTokens estimates the turn's prompt in tokens: from Content-Length,
-// else from what the session key's scan read of the body, else 1.
-func turnTokens(r *http.Request) int {
-	n := int(r.ContentLength)
+// promptTokens estimates the request's prompt in tokens: from
+// Content-Length, else from what the session key's scan read of the body;
+// 0 when neither tells.
+func promptTokens(r *http.Request) int {
+	n := r.ContentLength
 	if b, ok := r.Body.(replayedBody); ok && n <= 0 {
-		n = b.readAhead
+		n = int64(b.readAhead)
 	}
-	return selection.EstimateTokens(int64(n))
+	if n <= 0 {
+		return 0
+	}
+	return selection.EstimateTokens(n)
 }
 
 // readBody reads the rest of the request body into memory and hands it on

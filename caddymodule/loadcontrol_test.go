@@ -260,22 +260,22 @@ func TestSelectLoadControlOff(t *testing.T) {
 	}
 }
 
-func TestTurnTokens(t *testing.T) {
+func TestPromptTokens(t *testing.T) {
 	cfg := &ModelConfig{}
 	body := strings.Repeat("x", 4000)
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
-	if got := turnTokens(r); got != 1000 {
+	if got := promptTokens(r); got != 1000 {
 		t.Errorf("Content-Length 4000: %d tokens, want 1000", got)
 	}
 	r.ContentLength = -1 // chunked: what the body scan read
 	sessionKey(r, cfg)
-	if got := turnTokens(r); got != 1000 {
+	if got := promptTokens(r); got != 1000 {
 		t.Errorf("unknown length, 4000 bytes scanned: %d tokens, want 1000", got)
 	}
 	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
 	r.ContentLength = -1
-	if got := turnTokens(r); got != 1 {
-		t.Errorf("unknown length, nothing scanned: %d tokens, want 1", got)
+	if got := promptTokens(r); got != 0 {
+		t.Errorf("unknown length, nothing scanned: %d tokens, want 0 (unknown)", got)
 	}
 }
 

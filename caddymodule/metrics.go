@@ -34,6 +34,7 @@ var (
 	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters (V0 servers: their own hit-rate gauge); no sample while unknown.", replicaLabels...)
 	descAffinity     = desc("affinity_enabled", "1 when the model pins sessions.", "model")
 	descThreshold    = desc("spill_threshold", "In-flight requests above which a pinned replica sheds a request.", "model")
+	descTypical      = desc("typical_prompt_tokens", "The requests' prompt size in tokens, estimated from their bodies and smoothed over about the last hundred; the auto spill threshold reads it. No sample before a request told its size.", "model")
 	descUnkeyed      = desc("unkeyed_requests_total", "Requests without a session key.", "model")
 	descNoReplica    = desc("no_replica_total", "Requests for which no replica was usable.", "model")
 	descEvicted      = desc("sessions_evicted_total", "Sessions dropped because the session table was full.", "model")
@@ -49,7 +50,7 @@ var (
 	descStoreSkipped = desc("pin_store_skipped_total", "Store calls not made while the store was down; those conversations were routed locally.", "model")
 
 	allDescs = []*prometheus.Desc{descInFlight, descRequests, descPlaced, descReplaced, descSessions, descActive,
-		descHealthy, descRunning, descWaiting, descKV, descHitRate, descAffinity, descThreshold, descUnkeyed,
+		descHealthy, descRunning, descWaiting, descKV, descHitRate, descAffinity, descThreshold, descTypical, descUnkeyed,
 		descNoReplica, descEvicted, descExpired, descPromptTokens, descGenTokens, descAdopted,
 		descStoreUp, descStoreClaims, descStoreRepins, descStoreAdopted, descStoreReclaim, descStoreSkipped}
 
@@ -110,6 +111,9 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descAffinity, boolValue(st.Affinity), name)
 		gauge(descThreshold, float64(st.SpillThreshold), name)
+		if st.TypicalPromptTokens > 0 {
+			gauge(descTypical, float64(st.TypicalPromptTokens), name)
+		}
 		counter(descUnkeyed, st.Unkeyed, name)
 		counter(descNoReplica, st.NoReplica, name)
 		counter(descEvicted, st.SessionsEvicted, name)

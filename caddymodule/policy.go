@@ -170,7 +170,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if !retry {
 		// A client that chose its replica is not held: load control would
 		// count its conversation where it admits it, not where it goes.
-		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
+		req.PromptTokens = promptTokens(r) // once: a retry is the same prompt
+		if req.ClientReplica == "" && !p.admit(r, w, held, req.PromptTokens, pool) {
 			held.turnedAway = true
 			return nil
 		}

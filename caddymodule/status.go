@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"math"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
@@ -14,21 +15,24 @@ const hitRateWindow = 5 * time.Minute
 
 // ModelStatus is a model's routing panel, as the admin API serves it.
 type ModelStatus struct {
-	Model              string  `json:"model"`
-	Mode               string  `json:"mode"` // "replicas" or "ranks"
-	Affinity           bool    `json:"affinity"`
-	SpillThreshold     int     `json:"spill_threshold"`
-	SpillThresholdAuto bool    `json:"spill_threshold_auto"`
-	MaxNumSeqs         int     `json:"max_num_seqs"`
-	StickyPercent      float64 `json:"sticky_percent"`
-	InFlight           int64   `json:"in_flight"`
-	Sessions           int64   `json:"sessions"`
-	Requests           uint64  `json:"requests"`
-	Unkeyed            uint64  `json:"unkeyed"`
-	NoReplica          uint64  `json:"no_replica"`
-	SessionsEvicted    uint64  `json:"sessions_evicted"`
-	SessionsExpired    uint64  `json:"sessions_expired"`
-	CompactionsIgnored uint64  `json:"compactions_ignored"` // hints within compaction_interval of the last placement
+	Model              string `json:"model"`
+	Mode               string `json:"mode"` // "replicas" or "ranks"
+	Affinity           bool   `json:"affinity"`
+	SpillThreshold     int    `json:"spill_threshold"`
+	SpillThresholdAuto bool   `json:"spill_threshold_auto"`
+	MaxNumSeqs         int    `json:"max_num_seqs"`
+	// TypicalPromptTokens is the requests' prompt size, estimated from
+	// their bodies and smoothed; the auto spill threshold reads it.
+	TypicalPromptTokens int     `json:"typical_prompt_tokens"`
+	StickyPercent       float64 `json:"sticky_percent"`
+	InFlight            int64   `json:"in_flight"`
+	Sessions            int64   `json:"sessions"`
+	Requests            uint64  `json:"requests"`
+	Unkeyed             uint64  `json:"unkeyed"`
+	NoReplica           uint64  `json:"no_replica"`
+	SessionsEvicted     uint64  `json:"sessions_evicted"`
+	SessionsExpired     uint64  `json:"sessions_expired"`
+	CompactionsIgnored  uint64  `json:"compactions_ignored"` // hints within compaction_interval of the last placement
 	// PrefixHitRate is the fleet's, over the last 5 minutes, from the
 	// replicas' prefix-cache counters (else the mean of their own V0 hit-rate
 	// gauges); nil (JSON null) when no replica publishes either.
@@ -138,24 +142,25 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 	admission := view.Admission()
 	f := l.model.fleet
 	out := ModelStatus{
-		Model:              st.Model,
-		Mode:               "replicas",
-		Affinity:           st.Affinity,
-		SpillThreshold:     st.SpillThreshold,
-		SpillThresholdAuto: st.SpillThresholdAuto,
-		MaxNumSeqs:         st.MaxNumSeqs,
-		StickyPercent:      st.StickyPercent,
-		InFlight:           st.InFlight,
-		Sessions:           st.Sessions,
-		Requests:           st.Requests,
-		Unkeyed:            st.Unkeyed,
-		NoReplica:          st.NoReplica,
-		SessionsEvicted:    st.Evicted,
-		SessionsExpired:    st.Expired,
-		CompactionsIgnored: st.CompactionsIgnored,
-		Since:              st.Since,
-		Replicas:           make([]ReplicaStatus, 0, len(st.Replicas)),
-		PinSnapshot:        l.model.pinStatus(l),
+		Model:               st.Model,
+		Mode:                "replicas",
+		Affinity:            st.Affinity,
+		SpillThreshold:      st.SpillThreshold,
+		SpillThresholdAuto:  st.SpillThresholdAuto,
+		MaxNumSeqs:          st.MaxNumSeqs,
+		TypicalPromptTokens: int(math.Round(st.TypicalPrompt)),
+		StickyPercent:       st.StickyPercent,
+		InFlight:            st.InFlight,
+		Sessions:            st.Sessions,
+		Requests:            st.Requests,
+		Unkeyed:             st.Unkeyed,
+		NoReplica:           st.NoReplica,
+		SessionsEvicted:     st.Evicted,
+		SessionsExpired:     st.Expired,
+		CompactionsIgnored:  st.CompactionsIgnored,
+		Since:               st.Since,
+		Replicas:            make([]ReplicaStatus, 0, len(st.Replicas)),
+		PinSnapshot:         l.model.pinStatus(l),
 		LoadControl: LoadControlStatus{
 			Enabled:        st.Admission.Enabled,
 			Fill:           admission.Fill,

@@ -34,6 +34,10 @@ type Request struct {
 	// ClientReplica is a replica ID the client asked for (client pinning);
 	// empty when it asked for none or is not allowed to.
 	ClientReplica string
+	// PromptTokens is the request's prompt size, estimated (EstimateTokens);
+	// 0 when unknown. The router learns the typical prompt from it, which
+	// sets the auto spill threshold.
+	PromptTokens int
 	// Usable reports whether the proxy can reach an upstream address now
 	// (Caddy's own health and max_requests); nil means every address.
 	Usable func(address string) bool
@@ -131,6 +135,9 @@ func (d Decision) Release() {
 func (v *View) Pick(req Request) Decision {
 	r := v.router
 	r.requests.Add(1)
+	if req.PromptTokens > 0 {
+		r.observePrompt(req.PromptTokens)
+	}
 	if req.ClientReplica != "" {
 		if s := v.byID[req.ClientReplica]; s != nil && s.healthy.Load() && usableBy(req.Usable, s) {
 			s.inFlight.Add(1)

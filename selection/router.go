@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,9 +65,25 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// AutoSpillThreshold is the default threshold: a quarter of max_num_seqs.
-func AutoSpillThreshold(maxNumSeqs int) int {
-	return max(1, maxNumSeqs/4)
+// MinAutoSpillThreshold is the least threshold the KV cache can lower auto
+// to. Lower, pins break under ordinary bursts: at 2 the lab's seed workload
+// (16 sessions) loses a sixth of its throughput and 32 points of prefix hits
+// (docs/policy.md).
+const MinAutoSpillThreshold = 3
+
+// AutoSpillThreshold is the threshold auto gives: a quarter of max_num_seqs,
+// lowered to the number of typical prompts a replica's KV cache holds at
+// once (kvTokens / typicalPrompt; either 0 when unknown), though not below
+// MinAutoSpillThreshold. Past that many requests in flight the next one
+// waits in the engine for KV room, or evicts its neighbours' prefixes,
+// while a lighter replica could start it at once.
+func AutoSpillThreshold(maxNumSeqs, kvTokens int, typicalPrompt float64) int {
+	n := max(1, maxNumSeqs/4)
+	if kvTokens <= 0 || typicalPrompt < 1 {
+		return n
+	}
+	fit := int(math.Round(float64(kvTokens) / typicalPrompt))
+	return min(n, max(MinAutoSpillThreshold, fit))
 }
 
 // Router is the routing state of one model: each replica's in-flight count,
@@ -86,6 +103,10 @@ type Router struct {
 	// decision adds is visible to the next one (a burst of new sessions
 	// spreads instead of piling on one replica).
 	placeMu sync.Mutex
+
+	// typicalPrompt is the requests' estimated prompt size in tokens,
+	// smoothed (float64 bits); it outlives config loads like the sessions.
+	typicalPrompt atomic.Uint64
 
 	requests  atomic.Uint64
 	unkeyed   atomic.Uint64
@@ -178,11 +199,45 @@ type View struct {
 func (v *View) Affinity() bool { return v.cfg.Affinity }
 
 // SpillThreshold returns the threshold in force and whether it is automatic.
+// Auto reads the smallest KV cache among the replicas that publish theirs
+// and the typical prompt the router has seen (AutoSpillThreshold).
 func (v *View) SpillThreshold() (n int, auto bool) {
 	if v.cfg.SpillThreshold > 0 {
 		return v.cfg.SpillThreshold, false
 	}
-	return AutoSpillThreshold(v.cfg.MaxNumSeqs), true
+	kv := 0
+	for _, s := range v.replicas {
+		if l := s.load.Load(); l.Known && l.KVTokens > 0 && (kv == 0 || l.KVTokens < kv) {
+			kv = l.KVTokens
+		}
+	}
+	return AutoSpillThreshold(v.cfg.MaxNumSeqs, kv, v.router.TypicalPrompt()), true
+}
+
+// promptSmoothing is the weight of one request in the typical prompt: it
+// follows the workload over the last hundred or so requests.
+const promptSmoothing = 0.02
+
+// observePrompt folds a request's prompt size into the typical one.
+func (r *Router) observePrompt(tokens int) {
+	for {
+		old := r.typicalPrompt.Load()
+		mean := math.Float64frombits(old)
+		if mean == 0 {
+			mean = float64(tokens)
+		} else {
+			mean += promptSmoothing * (float64(tokens) - mean)
+		}
+		if r.typicalPrompt.CompareAndSwap(old, math.Float64bits(mean)) {
+			return
+		}
+	}
+}
+
+// TypicalPrompt is the requests' prompt size in tokens, smoothed; 0 before
+// any request told its size.
+func (r *Router) TypicalPrompt() float64 {
+	return math.Float64frombits(r.typicalPrompt.Load())
 }
 
 // Replicas lists the view's replicas.

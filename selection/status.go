@@ -10,9 +10,12 @@ type Status struct {
 	SpillThreshold     int
 	SpillThresholdAuto bool
 	MaxNumSeqs         int
-	Since              time.Time
-	InFlight           int64
-	Sessions           int64
+	// TypicalPrompt is the requests' prompt size in tokens, smoothed; the
+	// auto spill threshold reads it.
+	TypicalPrompt float64
+	Since         time.Time
+	InFlight      int64
+	Sessions      int64
 	// StickyPercent is the share of keyed requests served by their
 	// session's pinned replica (placements included), 0..100.
 	StickyPercent float64
@@ -62,6 +65,7 @@ func (v *View) Status() Status {
 		SpillThreshold:     threshold,
 		SpillThresholdAuto: auto,
 		MaxNumSeqs:         v.cfg.MaxNumSeqs,
+		TypicalPrompt:      r.TypicalPrompt(),
 		Since:              r.since,
 		Requests:           r.requests.Load(),
 		Unkeyed:            r.unkeyed.Load(),

@@ -93,6 +93,7 @@ http://%s {
 type modelStatus struct {
 	Affinity       bool            `json:"affinity"`
 	SpillThreshold int             `json:"spill_threshold"`
+	SpillAuto      bool            `json:"spill_threshold_auto"`
 	Requests       uint64          `json:"requests"`
 	Since          time.Time       `json:"since"`
 	Replicas       []replicaStatus `json:"replicas"`

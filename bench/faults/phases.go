@@ -85,7 +85,10 @@ func (h *harness) reloads(ctx context.Context) (Row, error) {
 		load("16"),
 		expect("a loaded config's spill threshold applies", func(st modelStatus) bool { return st.SpillThreshold == 16 }),
 		load("auto"),
-		expect("spill_threshold auto in the Caddyfile applies", func(st modelStatus) bool { return st.SpillThreshold == maxNumSeqs/4 }),
+		// Auto reads the replicas' caches and the prompts: at most a quarter of max_num_seqs.
+		expect("spill_threshold auto in the Caddyfile applies", func(st modelStatus) bool {
+			return st.SpillAuto && st.SpillThreshold >= 1 && st.SpillThreshold <= maxNumSeqs/4
+		}),
 		load("auto"),
 		affinity(false),
 		affinity(true),

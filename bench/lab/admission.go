@@ -63,7 +63,7 @@ func newAdmissionPolicy(admission selection.AdmissionConfig) PolicyFactory {
 func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func())) func() bool {
 	var t *selection.Ticket
 	send := func() {
-		d := p.view.Pick(selection.Request{Key: a.Key, Now: virtualTime(p.env.Now())})
+		d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: selection.EstimateTokens(a.PromptBytes), Now: virtualTime(p.env.Now())})
 		rep, ok := d.Replica()
 		if !ok {
 			t.Done(virtualTime(p.env.Now()))

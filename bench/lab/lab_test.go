@@ -198,7 +198,8 @@ func TestConfigAndPlanErrors(t *testing.T) {
 
 // TestWarmupStaggersSessions checks that the warm-up is run but not measured:
 // without it every session of an overloaded level starts at the window's
-// start and none finishes in three minutes; after it sessions end all along.
+// start and hardly any finishes in three minutes; after it sessions end all
+// along, many times more of them.
 func TestWarmupStaggersSessions(t *testing.T) {
 	cfg := DefaultConfig()
 	cold := cfg
@@ -214,8 +215,8 @@ func TestWarmupStaggersSessions(t *testing.T) {
 	if with.DurationS != cfg.Duration.Seconds() || without.DurationS != cfg.Duration.Seconds() {
 		t.Fatalf("measured %gs and %gs, want %gs for both", with.DurationS, without.DurationS, cfg.Duration.Seconds())
 	}
-	if without.SessionsCompleted != 0 || with.SessionsCompleted == 0 {
-		t.Fatalf("sessions completed: %d without warm-up (want 0), %d with (want some)", without.SessionsCompleted, with.SessionsCompleted)
+	if without.SessionsCompleted > 2 || with.SessionsCompleted < 8*max(1, without.SessionsCompleted) {
+		t.Fatalf("sessions completed: %d without warm-up (want at most 2), %d with (want 8 times as many)", without.SessionsCompleted, with.SessionsCompleted)
 	}
 }
 

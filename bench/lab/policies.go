@@ -77,7 +77,7 @@ func newWarden(env *Env, tune func(*selection.Config)) (*wardenPolicy, error) {
 }
 
 func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
-	d := p.view.Pick(selection.Request{Key: a.Key, Now: virtualTime(a.Now)})
+	d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: selection.EstimateTokens(a.PromptBytes), Now: virtualTime(a.Now)})
 	rep, ok := d.Replica()
 	if !ok {
 		return -1, nil
