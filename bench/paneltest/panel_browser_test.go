@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/dustin/go-humanize"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
@@ -141,7 +142,8 @@ func startChromium(t *testing.T) context.Context {
 // pageState is what the panel shows for one model, read from the DOM.
 type pageState struct {
 	Badges   map[string]string            `json:"badges"`
-	Rows     map[string]map[string]string `json:"rows"` // by replica ID, then column
+	SpillTip string                       `json:"spill_tip"` // the spill badge's title
+	Rows     map[string]map[string]string `json:"rows"`      // by replica ID, then column
 	RowCount int                          `json:"row_count"`
 	Since    string                       `json:"since"`
 	Chart    map[string]float64           `json:"chart"` // drawn height of each series
@@ -163,8 +165,10 @@ const readPage = `(() => {
 		rows[tr.dataset.replica] = row;
 	});
 	const height = (cls) => { const p = s.querySelector('path.' + cls); return p ? p.getBBox().height : 0; };
+	const spill = s.querySelector('[data-badge="spill"]');
 	return {
 		badges, rows,
+		spill_tip: spill ? spill.title : '',
 		row_count: s.querySelectorAll('tbody tr').length,
 		since: s.querySelector('.since').textContent,
 		chart: { cached: height('series-cached'), computed: height('series-computed'), generation: height('series-generation') },
@@ -259,6 +263,12 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 		if page.Badges[key] != want {
 			differ("badge %s: page %q, admin %q", key, page.Badges[key], want)
 		}
+	}
+	switch typical := humanize.Comma(int64(st.TypicalPromptTokens)); {
+	case !st.SpillThresholdAuto && page.SpillTip != "":
+		differ("manual spill threshold explained as %q", page.SpillTip)
+	case st.SpillThresholdAuto && st.TypicalPromptTokens > 0 && !strings.Contains(page.SpillTip, "("+typical+" tokens)"):
+		differ("spill badge title %q, admin typical_prompt_tokens %s", page.SpillTip, typical)
 	}
 	if sticky, ok := strings.CutPrefix(page.Badges["sticky"], "Sticky "); !ok || !near(sticky, st.StickyPercent) {
 		differ("badge sticky: page %q, admin %.2f%%", page.Badges["sticky"], st.StickyPercent)

@@ -105,13 +105,26 @@
     const badge = (key, text, cls) => el("span", { className: "badge" + (cls ? " " + cls : ""), "data-badge": key, text });
     return el("div", { className: "badges" },
       badge("affinity", "Affinity " + (m.affinity ? "on" : "off"), m.affinity ? "on" : "off"),
-      badge("spill", "Spill threshold " + m.spill_threshold + " " + (m.spill_threshold_auto ? "auto" : "manual")),
+      spillBadge(m, badge),
       badge("sticky", "Sticky " + m.sticky_percent.toFixed(1) + "%"),
       badge("in_flight", "In flight " + m.in_flight),
       badge("sessions", "Conversations " + m.sessions),
       ...pinStoreBadge(m.pin_store, badge),
       ...queueBadge(m.load_control, badge),
     );
+  }
+
+  // spillBadge shows the threshold in force and, for auto, where it comes from.
+  function spillBadge(m, badge) {
+    const b = badge("spill", "Spill threshold " + m.spill_threshold + " " + (m.spill_threshold_auto ? "auto" : "manual"));
+    if (m.spill_threshold_auto) {
+      const quarter = Math.max(1, Math.floor(m.max_num_seqs / 4));
+      b.title = m.typical_prompt_tokens
+        ? "max_num_seqs/4 = " + quarter + ", lowered to the number of typical prompts (" +
+          m.typical_prompt_tokens.toLocaleString("en-US") + " tokens) a replica's KV cache holds, at least 3"
+        : "max_num_seqs/4 = " + quarter + " until requests tell their prompt size";
+    }
+    return b;
   }
 
   // queueBadge shows the turns load control holds; none when it is off.
