@@ -215,3 +215,27 @@ func TestRanksReadTheirOwnEngine(t *testing.T) {
 		t.Fatalf("an engine without its load gauges: %+v", l)
 	}
 }
+
+// Written, what rehoming reads, is the KV tokens the engines wrote: prompt
+// tokens not served from cache plus generated ones; 0 without those series.
+func TestLoadCountsKVWrites(t *testing.T) {
+	s := metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{
+		{Engine: 0, PrefixQueries: 1000, PrefixHits: 600, GenerationTokens: 50, Present: metricsfeed.LoadFields |
+			metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits | metricsfeed.FieldGenerationTokens},
+		{Engine: 1, PrefixQueries: 500, PrefixHits: 100, GenerationTokens: 20, Present: metricsfeed.LoadFields |
+			metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits | metricsfeed.FieldGenerationTokens},
+	}}
+	whole := selection.Replica{ID: "x:1", Address: "x:1"}
+	if l := replicaLoad(whole, s); l.Written != 450+420 {
+		t.Fatalf("written %v, want 870", l.Written)
+	}
+	rank1 := selection.Replica{ID: "x:1#1", Address: "x:1", Rank: 1, SetsRank: true}
+	if l := replicaLoad(rank1, s); l.Written != 420 {
+		t.Fatalf("rank 1 written %v, want 420", l.Written)
+	}
+	s.Engines[1].Present = metricsfeed.LoadFields
+	s.Engines[0].Present = metricsfeed.LoadFields
+	if l := replicaLoad(whole, s); l.Written != 0 {
+		t.Fatalf("no counters: written %v, want 0", l.Written)
+	}
+}

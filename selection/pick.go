@@ -73,10 +73,13 @@ const (
 	// Compacted: the conversation's prefix was replaced (compaction), so
 	// its cache is worthless: it was pinned anew by load, like a new one.
 	Compacted
+	// Rehomed: the pin has likely evicted the conversation's cache since
+	// its last request: it was pinned anew by load, like a new one.
+	Rehomed
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "adopted", "joined", "compacted"}
+var outcomeNames = [numOutcomes]string{"no_replica", "sticky", "placed", "replaced", "spilled", "client_pinned", "unpinned", "adopted", "joined", "compacted", "rehomed"}
 
 // Compaction is what a request says about its conversation's prefix.
 type Compaction uint8
@@ -112,6 +115,10 @@ func (o Outcome) String() string {
 type Decision struct {
 	rep     *replicaState
 	Outcome Outcome
+	// router and key are set for a request on its conversation's pin, so
+	// that Release tells the conversation's entry (see rehome.go).
+	router *Router
+	key    uint64
 }
 
 // Replica returns the chosen replica; ok is false for NoReplica.
@@ -125,14 +132,26 @@ func (d Decision) Replica() (rep Replica, ok bool) {
 // Release gives back the request's in-flight count when it ends, however
 // it ends.
 func (d Decision) Release() {
-	if d.rep != nil {
-		d.rep.inFlight.Add(-1)
+	if d.rep == nil {
+		return
+	}
+	d.rep.inFlight.Add(-1)
+	if d.router != nil {
+		d.router.ended(d.key, d.rep)
 	}
 }
 
 // Pick chooses the replica for a request and counts it in flight there, in
 // the same step as the choice.
 func (v *View) Pick(req Request) Decision {
+	d := v.pick(req)
+	if d.rep != nil {
+		d.rep.lastSent.Store(req.Now.UnixNano())
+	}
+	return d
+}
+
+func (v *View) pick(req Request) Decision {
 	r := v.router
 	r.requests.Add(1)
 	if req.PromptTokens > 0 {
@@ -162,24 +181,37 @@ func (v *View) Pick(req Request) Decision {
 	e := sh.touch(key, now, int64(v.cfg.SessionTTL))
 	if e == nil || !v.usable(e.pin, req.Usable) {
 		sh.mu.Unlock()
-		return v.pinByLoad(req, key, now, false)
+		return v.pinByLoad(req, key, now, placeFresh)
 	}
 	if req.Compaction != NoCompaction || e.compacted {
 		if v.compaction(e, req.Compaction, now) {
 			sh.mu.Unlock()
-			return v.pinByLoad(req, key, now, true)
+			return v.pinByLoad(req, key, now, placeCompacted)
 		}
+	}
+	if e.cold() {
+		sh.mu.Unlock()
+		return v.pinByLoad(req, key, now, placeCold)
 	}
 	pin := e.pin
 	threshold, _ := v.SpillThreshold()
 	if pin.inFlight.Add(1)-1 <= int64(threshold) {
 		pin.sticky.Add(1)
+		d := Decision{rep: pin, Outcome: Sticky}.onPin(v, e, key, req.PromptTokens)
 		sh.mu.Unlock()
-		return Decision{rep: pin, Outcome: Sticky}
+		return d
 	}
 	pin.inFlight.Add(-1)
 	sh.mu.Unlock()
-	return v.spill(req, key, pin)
+	d := v.spill(req, key, pin)
+	if d.Outcome == Sticky {
+		sh.mu.Lock()
+		if e := sh.byKey[key]; e != nil {
+			d = d.onPin(v, e, key, req.PromptTokens)
+		}
+		sh.mu.Unlock()
+	}
+	return d
 }
 
 // usable reports whether s may take a request of this view now.
@@ -211,17 +243,17 @@ func (v *View) compaction(e *session, hint Compaction, now int64) bool {
 // (Replaced), or, with compacted, one whose prefix was replaced
 // (Compacted); with a shared pin table, to the replica another router
 // pinned it to when that one is usable (Adopted).
-func (v *View) pinByLoad(req Request, key uint64, now int64, compacted bool) Decision {
-	d, previous := v.pinLocally(req, key, now, compacted)
+func (v *View) pinByLoad(req Request, key uint64, now int64, mode placement) Decision {
+	d, previous := v.pinLocally(req, key, now, mode)
 	switch d.Outcome {
-	case Placed, Replaced, Joined, Compacted:
+	case Placed, Replaced, Joined, Compacted, Rehomed:
 	default:
 		return d
 	}
 	if d.Outcome == Joined && req.Renamed {
 		v.router.retire(req.Parent)
 	}
-	if v.cfg.Shared != nil && !(d.Outcome == Compacted && previous == "") {
+	if v.cfg.Shared != nil && !((d.Outcome == Compacted || d.Outcome == Rehomed) && previous == "") {
 		d = v.share(req, key, d, previous)
 	}
 	switch d.Outcome {
@@ -234,6 +266,8 @@ func (v *View) pinByLoad(req Request, key uint64, now int64, compacted bool) Dec
 		d.rep.replaced.Add(1)
 	case Compacted:
 		d.rep.compacted.Add(1)
+	case Rehomed:
+		d.rep.rehomed.Add(1)
 	}
 	return d
 }
@@ -283,7 +317,8 @@ func (v *View) joins(req Request, p, best *replicaState) bool {
 
 // pinLocally makes pinByLoad's choice in the router's own table; for a
 // moved pin it also returns the previous replica's ID.
-func (v *View) pinLocally(req Request, key uint64, now int64, compacted bool) (d Decision, previous string) {
+func (v *View) pinLocally(req Request, key uint64, now int64, mode placement) (d Decision, previous string) {
+	moving := mode != placeFresh // off a usable pin
 	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
@@ -297,19 +332,19 @@ func (v *View) pinLocally(req Request, key uint64, now int64, compacted bool) (d
 	defer sh.mu.Unlock()
 	e := sh.touch(key, now, ttl)
 	// Another request of the same session may have placed it meanwhile
-	// (or, for a compaction, placed it anew).
-	if e != nil && v.usable(e.pin, req.Usable) && (!compacted || now-e.placedAt < int64(v.cfg.CompactionInterval)) {
+	// (or, for a compaction or a cold cache, placed it anew).
+	if e != nil && v.usable(e.pin, req.Usable) && !v.stillMoves(e, mode, now) {
 		e.pin.inFlight.Add(1)
 		e.pin.sticky.Add(1)
-		return Decision{rep: e.pin, Outcome: Sticky}, ""
+		return Decision{rep: e.pin, Outcome: Sticky}.onPin(v, e, key, req.PromptTokens), ""
 	}
-	// A compacted conversation is placed like a new one: its own activity
-	// does not weigh on the replica it leaves.
-	uncounted := compacted && e != nil && e.active
+	// A conversation moving off a usable pin is placed like a new one: its
+	// own activity does not weigh on the replica it leaves.
+	uncounted := moving && e != nil && e.active
 	if uncounted {
 		e.pin.active.Add(-1)
 	}
-	s := v.leastLoaded(req.Usable, key, true)
+	s := v.placeFor(req.Usable, key, mode)
 	if uncounted {
 		e.pin.active.Add(1)
 	}
@@ -326,29 +361,38 @@ func (v *View) pinLocally(req Request, key uint64, now int64, compacted bool) (d
 		ne, dropped := sh.insert(key, s, now)
 		ne.compacted = req.Compaction == Compacting
 		r.evicted.Add(uint64(dropped))
-		return Decision{rep: s, Outcome: outcome}, ""
+		return Decision{rep: s, Outcome: outcome}.onPin(v, ne, key, req.PromptTokens), ""
 	}
 	e.placedAt = now
-	if compacted {
+	if moving {
 		if e.pin != s {
 			previous = e.pin.ID
 			e.repin(s)
 		}
-		return Decision{rep: s, Outcome: Compacted}, previous
+		return Decision{rep: s, Outcome: mode.outcome()}.onPin(v, e, key, req.PromptTokens), previous
 	}
 	previous = e.pin.ID
 	e.repin(s)
-	return Decision{rep: s, Outcome: Replaced}, previous
+	return Decision{rep: s, Outcome: Replaced}.onPin(v, e, key, req.PromptTokens), previous
 }
 
-// spill sends one request of an overloaded pin to the least-loaded replica,
-// unless the pin is itself the least loaded.
+// spill sends one request of an overloaded pin elsewhere: to the replica
+// with room sent a request longest ago (leastRecent), else to the least
+// loaded unless the pin is itself the least loaded.
 func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
 	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
 	weight := v.spillWeight()
-	s := v.leastLoaded(req.Usable, key, false)
+	// The spilled request's history is cached nowhere else: the replica
+	// with room sent a request longest ago starts its prefill soonest.
+	s := v.leastRecent(req.Usable, key, func(c *replicaState) bool { return c != pin })
+	if s != nil {
+		s.inFlight.Add(1)
+		s.spilledIn.Add(1)
+		return Decision{rep: s, Outcome: Spilled}
+	}
+	s = v.leastLoaded(req.Usable, key, false)
 	if s == nil || s == pin || cost(s, weight, false) >= cost(pin, weight, false) {
 		pin.inFlight.Add(1)
 		pin.sticky.Add(1)

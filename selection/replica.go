@@ -28,6 +28,12 @@ type Load struct {
 	// KVTokens is the KV cache's size in tokens (num_gpu_blocks ×
 	// block_size), 0 when the metrics do not say.
 	KVTokens int
+	// Written counts the tokens the engine has written to its KV cache
+	// (prompt tokens not served from the prefix cache plus generated
+	// tokens), a counter; 0 when the metrics do not say. What was written
+	// since a conversation's blocks were freed tells whether they were
+	// evicted (see session.coldAt).
+	Written float64
 	// Known is false when the metrics are missing, stale or invalid: the
 	// replica is then scored as full, never as idle.
 	Known bool
@@ -48,6 +54,7 @@ type replicaState struct {
 	idHash uint64 // for rendezvous tie-breaks
 
 	inFlight atomic.Int64
+	lastSent atomic.Int64 // unix nanoseconds of the last request sent here
 	sessions atomic.Int64 // pinned sessions in the table
 	active   atomic.Int64 // of those, used within the active window
 	load     atomic.Pointer[Load]
@@ -62,6 +69,7 @@ type replicaState struct {
 	adopted      atomic.Uint64 // sessions pinned here by another router (shared pins)
 	joined       atomic.Uint64 // of placed, new sessions pinned beside their parent
 	compacted    atomic.Uint64 // sessions pinned here anew after a compaction
+	rehomed      atomic.Uint64 // sessions pinned here anew, their cache lost
 }
 
 func newReplicaState(r Replica) *replicaState {

@@ -22,8 +22,17 @@ type session struct {
 	active   bool  // used within the active window; counted in pin.active
 	// compacted: a summarising request was seen; the next request starts a
 	// new prefix and is placed anew.
-	compacted  bool
-	prev, next *session
+	compacted bool
+	// busy counts the conversation's requests in flight on its pin;
+	// released is set when the last one ended, with relWritten the pin's
+	// Written and relFree its free KV tokens then: the conversation's
+	// blocks joined the end of the pin's free queue, behind relFree
+	// tokens, and are evicted once the pin has written more than that.
+	busy                int32
+	released            bool
+	relWritten, relFree float64
+	lastPrompt          int
+	prev, next          *session
 }
 
 type sessionShard struct {
@@ -118,6 +127,9 @@ func (e *session) repin(pin *replicaState) {
 	e.pin.sessions.Add(-1)
 	pin.sessions.Add(1)
 	e.pin = pin
+	// Requests in flight on the old pin no longer say anything of the
+	// conversation's cache on the new one.
+	e.busy, e.released = 0, false
 }
 
 func (s *sessionShard) remove(e *session) {

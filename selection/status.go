@@ -47,6 +47,7 @@ type ReplicaStatus struct {
 	Adopted        uint64 // sessions pinned here by another router (shared pins)
 	Joined         uint64 // of Placed, sessions pinned here beside their parent
 	Compacted      uint64 // sessions pinned here anew after a compaction
+	Rehomed        uint64 // sessions pinned here anew, their cache lost on their pin
 	// Residents and ResidentTokens are the conversations load control holds
 	// resident here and their prompts' estimated tokens.
 	Residents      int
@@ -91,6 +92,7 @@ func (v *View) Status() Status {
 			Adopted:        s.adopted.Load(),
 			Joined:         s.joined.Load(),
 			Compacted:      s.compacted.Load(),
+			Rehomed:        s.rehomed.Load(),
 			Load:           *s.load.Load(),
 			Healthy:        s.healthy.Load(),
 			Residents:      residents[s].count,
