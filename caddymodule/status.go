@@ -109,6 +109,7 @@ type ReplicaStatus struct {
 	Adopted      uint64  `json:"adopted"`   // sessions another Caddy instance pinned here (shared pin store)
 	Joined       uint64  `json:"joined"`    // of placed, sub-agents and continuations pinned beside their parent
 	Compacted    uint64  `json:"compacted"` // conversations pinned here anew after a compaction
+	Rehomed      uint64  `json:"rehomed"`   // conversations pinned here anew, their pin's cache likely evicted
 	Unpinned     uint64  `json:"unpinned"`
 	Running      float64 `json:"running"`
 	Waiting      float64 `json:"waiting"`
@@ -198,6 +199,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Adopted:        rs.Adopted,
 			Joined:         rs.Joined,
 			Compacted:      rs.Compacted,
+			Rehomed:        rs.Rehomed,
 			Unpinned:       rs.Unpinned,
 			Running:        rs.Load.Running,
 			Waiting:        rs.Load.Waiting,
