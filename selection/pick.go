@@ -189,7 +189,7 @@ func (v *View) pick(req Request) Decision {
 			return v.pinByLoad(req, key, now, placeCompacted)
 		}
 	}
-	if e.cold() {
+	if !v.cfg.Admission.Enabled && e.cold() { // load control keeps residents' caches itself
 		sh.mu.Unlock()
 		return v.pinByLoad(req, key, now, placeCold)
 	}

@@ -129,3 +129,17 @@ func TestSpillGoesToTheReplicaSentLongestAgo(t *testing.T) {
 		t.Fatalf("%v on %s, want spilled to %s (sent a request at 2 s; %s at 3 s)", d.Outcome, id(d), older, newer)
 	}
 }
+
+// With load control on, the gate keeps residents' caches and moves the
+// others itself: a pick does not rehome.
+func TestLoadControlDoesNotRehome(t *testing.T) {
+	r := newTestRouter(2, Config{MaxNumSeqs: 32, Admission: AdmissionConfig{Enabled: true}})
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, kvLoad(1000))
+	}
+	home := id(turn(t, r, "a", 0))
+	r.SetLoad(home, kvLoad(1000+100000))
+	if d := turn(t, r, "a", time.Second); d.Outcome != Sticky || id(d) != home {
+		t.Fatalf("with load control: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+	}
+}
