@@ -77,12 +77,22 @@ func newWarden(env *Env, tune func(*selection.Config)) (*wardenPolicy, error) {
 }
 
 func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
+	eng, d := p.decide(a)
+	if eng < 0 {
+		return -1, nil
+	}
+	return eng, d.Release
+}
+
+// decide is Pick's choice with the router's decision, whose outcome tests
+// judge: the engine, -1 for none.
+func (p *wardenPolicy) decide(a Arrival) (int, selection.Decision) {
 	d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: selection.EstimateTokens(a.PromptBytes), Now: virtualTime(a.Now)})
 	rep, ok := d.Replica()
 	if !ok {
-		return -1, nil
+		return -1, d
 	}
-	return p.index[rep.ID], d.Release
+	return p.index[rep.ID], d
 }
 
 // scrapeOf is what metricsfeed parses from the engine's /metrics as the

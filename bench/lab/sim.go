@@ -278,11 +278,7 @@ func (s *sim) send(slotIndex int) {
 		sl.awaited = true // its first request: Summarize times it
 		s.awaited++
 	}
-	msgs := make([]tokenizer.Message, len(turn.Messages))
-	for i, m := range turn.Messages {
-		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
-	}
-	prompt := tokenizer.ChatTokens(turn.System, msgs)
+	prompt := promptOf(turn)
 	r := &request{
 		slot:    slotIndex,
 		session: sl.session,
@@ -495,6 +491,15 @@ func (s *sim) sampleBusy() {
 	}
 	s.busyTotal += busy
 	s.busySamples++
+}
+
+// promptOf is the turn's prompt as the simulator's server tokenizes it.
+func promptOf(turn agentload.Turn) []uint32 {
+	msgs := make([]tokenizer.Message, len(turn.Messages))
+	for i, m := range turn.Messages {
+		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	return tokenizer.ChatTokens(turn.System, msgs)
 }
 
 // bodyBytes approximates the Content-Length of the turn's Anthropic request:

@@ -346,6 +346,24 @@ func (e *Engine) cachedPrefix(r *Request) []int32 {
 	return e.hits
 }
 
+// CachedTokens returns the prefix-cache hit, in tokens, that a request with this prompt would
+// find if it were scheduled now: its leading full blocks the cache holds, leaving at least one
+// token to compute, as Request.CachedTokens counts them. It changes nothing: no block is taken
+// or moved in the eviction order, and no counter counts the lookup.
+func (e *Engine) CachedTokens(prompt []uint32) int {
+	bs := e.profile.BlockSize
+	token := func(i int) uint32 { return prompt[i] }
+	parent, hit := uint64(0), 0
+	for b := range (len(prompt) - 1) / bs {
+		parent = chainHash(parent, b*bs, bs, token)
+		if _, ok := e.pool.lookup(parent); !ok {
+			break
+		}
+		hit += bs
+	}
+	return hit
+}
+
 // fits reports whether the blocks for tokens tokens, after the prefix hit, are free now.
 func (e *Engine) fits(tokens int, hits []int32) bool {
 	bs := e.profile.BlockSize

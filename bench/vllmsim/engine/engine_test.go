@@ -348,3 +348,44 @@ func TestAdmissionReservesTheWholePrompt(t *testing.T) {
 		}
 	}
 }
+
+func TestCachedTokensIsTheHitWithoutTouchingTheCache(t *testing.T) {
+	// 8 blocks of 4 tokens, as in TestEvictionIsLeastRecentlyUsedAndTailFirst: A then B
+	// fill them, so A's blocks are evicted first.
+	e := newEngine(t, smallProfile(4, 8))
+	a, b := seq(100, 16), seq(200, 16)
+	now := serve(t, e, request(a, 1), 0)
+	now = serve(t, e, request(b, 1), now)
+	if got := e.CachedTokens(nil); got != 0 {
+		t.Fatalf("an empty prompt has %d tokens cached", got)
+	}
+	for _, c := range []struct {
+		prompt []uint32
+		want   int
+	}{
+		{a, 12}, // the last block is left to compute
+		{concat(a, seq(900, 5)), 16},
+		{concat(a[:9], seq(900, 9)), 8}, // two full blocks shared
+		{seq(300, 16), 0},
+	} {
+		if got := e.CachedTokens(c.prompt); got != c.want {
+			t.Errorf("CachedTokens(%v) = %d, want %d", c.prompt, got, c.want)
+		}
+	}
+	// Looking A up does not make it recently used: C still evicts A's last two blocks.
+	before := e.Stats()
+	e.CachedTokens(a)
+	if after := e.Stats(); after != before {
+		t.Fatalf("the lookup changed the counters: %+v, then %+v", before, after)
+	}
+	now = serve(t, e, request(seq(300, 8), 1), now)
+	if got := e.CachedTokens(b); got != 12 {
+		t.Fatalf("B lost blocks to C after A was looked up: %d tokens cached, want 12", got)
+	}
+	want := e.CachedTokens(a)
+	againA := request(a, 1)
+	serve(t, e, againA, now)
+	if want != 8 || againA.CachedTokens != want {
+		t.Fatalf("A: CachedTokens said %d, the request hit %d, want 8", want, againA.CachedTokens)
+	}
+}

@@ -1,0 +1,295 @@
+package lab
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// judgedTurn is a returning conversation's turn as the warden judged it,
+// with what its old pin's engine held of its prompt at that moment.
+type judgedTurn struct {
+	key     string
+	at      time.Duration
+	outcome selection.Outcome
+	// prompt is the prompt's tokens; cached those the old pin's engine
+	// would have found cached; system those of the shared system prompt's
+	// full blocks, which any engine that served a turn lately holds.
+	prompt, cached, system int
+	// hit is the prefix-cache hit a Sticky turn got when its engine
+	// admitted it; notAdmitted for the other turns and those the run cut
+	// before admission.
+	hit int
+}
+
+// share is the share of the prompt the old pin held.
+func (j judgedTurn) share() float64 { return float64(j.cached) / float64(j.prompt) }
+
+// own is the share of the conversation's own tokens (the prompt beyond
+// the shared system prompt) the old pin held: what moving it loses.
+func (j judgedTurn) own() float64 {
+	return float64(max(0, j.cached-j.system)) / float64(j.prompt-j.system)
+}
+
+// truthPolicy is the warden policy noting, for every turn of a returning
+// conversation sent in the measured window, the router's judgement and
+// what the conversation's pin before the turn held of its prompt.
+type truthPolicy struct {
+	*wardenPolicy
+	env    *Env
+	pins   map[string]int // each conversation's pin, by key
+	system []uint32       // the shared system prompt, tokenized alone
+	turns  []judgedTurn
+	other  int // returning turns placed anew for another reason
+}
+
+func newTruthPolicy(env *Env) (*truthPolicy, error) {
+	p, err := newWardenPolicy(true)(env)
+	if err != nil {
+		return nil, err
+	}
+	return &truthPolicy{wardenPolicy: p.(*wardenPolicy), env: env, pins: map[string]int{}}, nil
+}
+
+func (p *truthPolicy) Pick(a Arrival) (int, func()) {
+	run := p.env.run
+	pin, returning := p.pins[a.Key]
+	measured := returning && a.Now >= run.measured && a.Now <= run.end
+	var j judgedTurn
+	if measured {
+		// The engines change only when they step, never between the
+		// arrival and the routing decision.
+		turn := p.pending(a.Key)
+		if p.system == nil {
+			p.system = promptOf(agentload.Turn{System: turn.System})
+		}
+		prompt := promptOf(turn)
+		bs := p.env.Config().Profile.BlockSize
+		j = judgedTurn{
+			key:    a.Key,
+			at:     a.Now,
+			hit:    notAdmitted,
+			prompt: len(prompt),
+			cached: p.env.fleet.engines[pin].CachedTokens(prompt),
+			system: commonPrefix(prompt, p.system) / bs * bs,
+		}
+	}
+	eng, d := p.decide(a)
+	if eng < 0 {
+		return -1, nil
+	}
+	if d.Outcome != selection.Spilled { // a spilled turn leaves its pin
+		p.pins[a.Key] = eng
+	}
+	if measured {
+		switch d.Outcome {
+		case selection.Sticky, selection.Spilled, selection.Rehomed:
+			j.outcome = d.Outcome
+			p.turns = append(p.turns, j)
+		default:
+			p.other++
+		}
+	}
+	return eng, d.Release
+}
+
+// pending is the turn the conversation key is sending: Session.Next
+// returns it again until it is answered.
+func (p *truthPolicy) pending(key string) agentload.Turn {
+	for _, sl := range p.env.run.slots {
+		if sl.session != nil && sl.session.ID == key {
+			turn, _ := sl.session.Next()
+			return turn
+		}
+	}
+	panic("no session " + key)
+}
+
+func commonPrefix(a, b []uint32) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// truthCell is one run of TestRehomeJudgementAgainstGroundTruth.
+type truthCell struct {
+	think              time.Duration
+	sessions, replicas int
+	seed               int64
+}
+
+func (c truthCell) String() string {
+	return fmt.Sprintf("think %v, %d sessions, %d replicas, seed %d", c.think, c.sessions, c.replicas, c.seed)
+}
+
+// truthFigures sum up a cell's judged turns.
+type truthFigures struct {
+	cold, warm           int
+	falseCold, falseWarm float64 // shares of cold and warm turns
+	coldShare, warmShare float64 // mean shares of the prompt held
+	coldOwn, warmOwn     float64 // mean shares of the conversation's own tokens held
+	spilled, other       int
+	// stickyHeld and stickyHit are the mean shares of their prompts the
+	// Sticky turns admitted in the run found at arrival and got at
+	// admission: the pin may evict a queued turn's prefix meanwhile.
+	stickyHeld, stickyHit float64
+}
+
+func figures(turns []judgedTurn, other int) truthFigures {
+	var cold, warm []judgedTurn
+	f := truthFigures{other: other}
+	for _, j := range turns {
+		if j.outcome == selection.Rehomed {
+			cold = append(cold, j)
+		} else {
+			warm = append(warm, j)
+			if j.outcome == selection.Spilled {
+				f.spilled++
+			}
+		}
+	}
+	f.cold, f.warm = len(cold), len(warm)
+	meanOf := func(js []judgedTurn, x func(judgedTurn) float64) float64 {
+		if len(js) == 0 {
+			return 0
+		}
+		sum := 0.0
+		for _, j := range js {
+			sum += x(j)
+		}
+		return sum / float64(len(js))
+	}
+	held := func(j judgedTurn) float64 {
+		if j.share() >= 0.5 {
+			return 1
+		}
+		return 0
+	}
+	f.falseCold = meanOf(cold, held)
+	f.falseWarm = 1 - meanOf(warm, held)
+	if len(warm) == 0 {
+		f.falseWarm = 0
+	}
+	f.coldShare, f.warmShare = meanOf(cold, judgedTurn.share), meanOf(warm, judgedTurn.share)
+	f.coldOwn, f.warmOwn = meanOf(cold, judgedTurn.own), meanOf(warm, judgedTurn.own)
+	var admitted []judgedTurn
+	for _, j := range warm {
+		if j.outcome == selection.Sticky && j.hit != notAdmitted {
+			admitted = append(admitted, j)
+		}
+	}
+	f.stickyHeld = meanOf(admitted, judgedTurn.share)
+	f.stickyHit = meanOf(admitted, func(j judgedTurn) float64 { return float64(j.hit) / float64(j.prompt) })
+	return f
+}
+
+// TestRehomeJudgementAgainstGroundTruth checks the warden's cold/warm
+// judgement of each returning turn (rehome.go: Rehomed is judged cold,
+// Sticky or Spilled warm) against what the conversation's pin before the
+// turn held of its prompt at that moment. A cold turn whose old pin still
+// held at least half of the prompt is a false cold, a warm one that found
+// less than half a false warm. The figures are logged for docs/policy.md
+// (go test -v -run RehomeJudgement).
+func TestRehomeJudgementAgainstGroundTruth(t *testing.T) {
+	var cells []truthCell
+	for _, seed := range []int64{1, 2} {
+		cells = append(cells, truthCell{3 * time.Second, 16, 4, seed}, truthCell{3 * time.Second, 32, 4, seed})
+		for _, think := range []time.Duration{30 * time.Second, time.Minute} {
+			for _, sessions := range []int{32, 64} {
+				for _, replicas := range []int{4, 8} {
+					cells = append(cells, truthCell{think, sessions, replicas, seed})
+				}
+			}
+		}
+	}
+	results := make([]truthFigures, len(cells))
+	pooled := make([][]judgedTurn, len(cells))
+	errs := make([]error, len(cells))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 2 {
+		wg.Go(func() {
+			for i := range next {
+				pooled[i], results[i], errs[i] = runTruthCell(cells[i])
+			}
+		})
+	}
+	for i := range cells {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	var all []judgedTurn
+	for i, c := range cells {
+		if errs[i] != nil {
+			t.Fatalf("%v: %v", c, errs[i])
+		}
+		f := results[i]
+		t.Logf("%-42v cold %4d  warm %4d (spilled %3d, other %2d)  false cold %5.1f%%  false warm %5.1f%%  held cold %5.1f%% warm %5.1f%%  own tokens held cold %5.1f%% warm %5.1f%%  sticky held %5.1f%% hit %5.1f%%",
+			c, f.cold, f.warm, f.spilled, f.other, 100*f.falseCold, 100*f.falseWarm, 100*f.coldShare, 100*f.warmShare, 100*f.coldOwn, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
+		all = append(all, pooled[i]...)
+		if f.cold >= 20 && f.warm >= 20 && f.warmOwn < f.coldOwn+0.3 {
+			t.Errorf("%v: own tokens held by turns judged cold %.1f%%, warm %.1f%%", c, 100*f.coldOwn, 100*f.warmOwn)
+		}
+	}
+	f := figures(all, 0)
+	t.Logf("all cells: cold %d, warm %d; false cold %.1f%%, false warm %.1f%%; held cold %.1f%%, warm %.1f%%; own tokens held cold %.1f%%, warm %.1f%%; sticky held %.1f%%, hit %.1f%%",
+		f.cold, f.warm, 100*f.falseCold, 100*f.falseWarm, 100*f.coldShare, 100*f.warmShare, 100*f.coldOwn, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
+	// A useless estimate would judge turns cold at random: their old pins
+	// would hold as much of them as of the turns judged warm, and about a
+	// third of the cold ones (as many as of all turns) would be false.
+	if f.cold < 500 || f.warm < 500 {
+		t.Fatalf("too few turns judged: %d cold, %d warm", f.cold, f.warm)
+	}
+	if f.warmOwn < f.coldOwn+0.5 || f.falseCold > 0.15 || f.falseWarm > 0.25 {
+		t.Errorf("the judgement does not tell cached conversations apart: own tokens held cold %.1f%%, warm %.1f%%; false cold %.1f%%, false warm %.1f%%",
+			100*f.coldOwn, 100*f.warmOwn, 100*f.falseCold, 100*f.falseWarm)
+	}
+}
+
+// runTruthCell runs the warden on one cell, with the grid's stretched
+// windows from a 2-minute base, and judges its turns.
+func runTruthCell(c truthCell) ([]judgedTurn, truthFigures, error) {
+	base := DefaultConfig()
+	base.Duration = 2 * time.Minute
+	base.ConversationTail = 0
+	cfg := base
+	cfg.Replicas = c.replicas
+	cfg.Workload.ThinkTime = c.think
+	cfg.Warmup, cfg.Duration = Grid{Stretch: true}.window(base, cfg.Workload)
+	f, err := newFleet(cfg)
+	if err != nil {
+		return nil, truthFigures{}, err
+	}
+	env := newEnv(cfg, f, c.seed)
+	p, err := newTruthPolicy(env)
+	if err != nil {
+		return nil, truthFigures{}, err
+	}
+	out, err := simulate(env, p, c.sessions, c.seed)
+	if err != nil {
+		return nil, truthFigures{}, err
+	}
+	type turn struct {
+		key string
+		at  time.Duration
+	}
+	hits := map[turn]int{}
+	for _, r := range out.sim.results {
+		if r.Status == 200 {
+			hits[turn{r.SessionID, r.Start.Sub(epoch)}] = r.CachedTokens
+		}
+	}
+	for i, j := range p.turns {
+		if hit, ok := hits[turn{j.key, j.at}]; ok && j.outcome == selection.Sticky {
+			p.turns[i].hit = hit
+		}
+	}
+	return p.turns, figures(p.turns, p.other), nil
+}
