@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"math"
 	"time"
 )
 
@@ -119,6 +120,9 @@ type Decision struct {
 	// that Release tells the conversation's entry (see rehome.go).
 	router *Router
 	key    uint64
+	// tokens is the request's prompt size, counted in its replica's
+	// pending tokens until Release.
+	tokens int64
 }
 
 // Replica returns the chosen replica; ok is false for NoReplica.
@@ -136,6 +140,7 @@ func (d Decision) Release() {
 		return
 	}
 	d.rep.inFlight.Add(-1)
+	d.rep.pending.Add(-d.tokens)
 	if d.router != nil {
 		d.router.ended(d.key, d.rep)
 	}
@@ -147,6 +152,11 @@ func (v *View) Pick(req Request) Decision {
 	d := v.pick(req)
 	if d.rep != nil {
 		d.rep.lastSent.Store(req.Now.UnixNano())
+		d.tokens = int64(req.PromptTokens)
+		if d.tokens <= 0 { // unknown size: the typical prompt
+			d.tokens = int64(math.Round(v.router.typicalOr1()))
+		}
+		d.rep.pending.Add(d.tokens)
 	}
 	return d
 }
@@ -377,13 +387,13 @@ func (v *View) pinLocally(req Request, key uint64, now int64, mode placement) (d
 }
 
 // spill sends one request of an overloaded pin elsewhere: to the replica
-// with room sent a request longest ago (leastRecent), else to the least
-// loaded unless the pin is itself the least loaded.
+// with room sent a request longest ago (leastRecent), else to the one with
+// the fewest prompt tokens in flight (leastPending) when it has fewer than
+// the pin.
 func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
 	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
-	weight := v.spillWeight()
 	// The spilled request's history is cached nowhere else: the replica
 	// with room sent a request longest ago starts its prefill soonest.
 	s := v.leastRecent(req.Usable, key, func(c *replicaState) bool { return c != pin })
@@ -392,8 +402,8 @@ func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
 		s.spilledIn.Add(1)
 		return Decision{rep: s, Outcome: Spilled}
 	}
-	s = v.leastLoaded(req.Usable, key, false)
-	if s == nil || s == pin || cost(s, weight, false) >= cost(pin, weight, false) {
+	s = v.leastPending(req.Usable, key)
+	if s == nil || s == pin || v.pendingTokens(s) >= v.pendingTokens(pin) {
 		pin.inFlight.Add(1)
 		pin.sticky.Add(1)
 		return Decision{rep: pin, Outcome: Sticky}

@@ -51,20 +51,22 @@ func (v *View) stillMoves(e *session, mode placement, now int64) bool {
 }
 
 // placeFor chooses where a conversation is pinned anew. A cold one is cached
-// nowhere, so only how soon a replica can start its prefill matters; with
-// no room anywhere it goes to the least loaded now, its candidates'
-// conversations not counted: it will likely be cold again next turn.
+// nowhere, so only how soon a replica can start its prefill matters. When
+// no candidate has room, a cold or new conversation goes to the replica
+// with the fewest prompt tokens in flight (leastPending), its candidates'
+// conversations not counted: it waits behind those prefills.
 func (v *View) placeFor(usable func(string) bool, key uint64, mode placement) *replicaState {
 	switch mode {
 	case placeCold:
 		if s := v.leastRecent(usable, key, nil); s != nil {
 			return s
 		}
-		return v.leastLoaded(usable, key, false)
+		return v.leastPending(usable, key)
 	case placeFresh:
 		if s := v.freshPlace(usable, key); s != nil {
 			return s
 		}
+		return v.leastPending(usable, key)
 	}
 	return v.leastLoaded(usable, key, true)
 }

@@ -54,6 +54,7 @@ type replicaState struct {
 	idHash uint64 // for rendezvous tie-breaks
 
 	inFlight atomic.Int64
+	pending  atomic.Int64 // prompt tokens of our requests in flight (Request.PromptTokens)
 	lastSent atomic.Int64 // unix nanoseconds of the last request sent here
 	sessions atomic.Int64 // pinned sessions in the table
 	active   atomic.Int64 // of those, used within the active window

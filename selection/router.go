@@ -234,6 +234,12 @@ func (r *Router) observePrompt(tokens int) {
 	}
 }
 
+// typicalOr1 is TypicalPrompt, or 1 before any request told its size: a
+// request then counts as one.
+func (r *Router) typicalOr1() float64 {
+	return max(r.TypicalPrompt(), 1)
+}
+
 // TypicalPrompt is the requests' prompt size in tokens, smoothed; 0 before
 // any request told its size.
 func (r *Router) TypicalPrompt() float64 {

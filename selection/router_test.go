@@ -488,3 +488,35 @@ func TestOneScrapeOfOtherTrafficIsNotEnough(t *testing.T) {
 		t.Fatalf("a single scrape's leftover counted as load: both requests went to %v", seen)
 	}
 }
+
+func TestNoRoomPlacesByPromptTokensInFlight(t *testing.T) {
+	r := newTestRouter(2, Config{SpillThreshold: 1})
+	send := func(key string, tokens int) Decision {
+		t.Helper()
+		d := r.Pick(Request{Key: key, PromptTokens: tokens, Now: t0})
+		if d.Outcome == NoReplica {
+			t.Fatalf("no replica for %q", key)
+		}
+		return d
+	}
+	long := send("long", 12000) // held: one long prefill on its replica
+	short1 := send("short1", 1000)
+	short2 := send("short2", 1000)
+	if id(short1) == id(long) || id(short2) == id(long) {
+		t.Fatalf("short conversations on %s and %s, want both beside the long one's %s", id(short1), id(short2), id(long))
+	}
+	// Both replicas are at the threshold: the one with two short prompts in
+	// flight starts a new prefill sooner than the one with a long prompt.
+	d := send("new", 4000)
+	if id(d) == id(long) {
+		t.Fatalf("new conversation on %s, behind the 12,000-token prefill, want %s", id(d), id(short1))
+	}
+	for _, d := range []Decision{long, short1, short2, d} {
+		d.Release()
+	}
+	for _, s := range r.View.replicas {
+		if n := s.pending.Load(); n != 0 {
+			t.Fatalf("%s: %d prompt tokens pending after every release", s.ID, n)
+		}
+	}
+}

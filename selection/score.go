@@ -53,6 +53,50 @@ func (v *View) lightest(usable func(string) bool, key uint64, withSessions bool,
 	return nil
 }
 
+// pendingTokens is how much prefill work a request sent to s now waits
+// behind, as the proxy knows it: the prompt tokens of our requests in
+// flight there (a request of unknown size counts as a typical prompt), plus
+// other clients' requests (busy's external part) at the typical prompt; a
+// replica without fresh metrics counts as full, a spill threshold's worth
+// of typical prompts more, as in cost. When every replica is at its spill
+// threshold the engines queue, and a cacheless request waits mostly for the
+// prefills ahead of it: a count of requests in flight weighs a short
+// sub-agent prompt as much as a long conversation's, and KV use cannot tell
+// a prefill in progress from a finished one.
+func (v *View) pendingTokens(s *replicaState) float64 {
+	typical := v.router.typicalOr1()
+	l := s.load.Load()
+	c := float64(s.pending.Load()) + l.external*typical
+	if !l.Known {
+		c += v.spillWeight() * typical
+	}
+	return c
+}
+
+// leastPending is the usable replica with the fewest pendingTokens, healthy
+// ones first, ties broken by a rendezvous hash of key; nil when none is
+// usable.
+func (v *View) leastPending(usable func(string) bool, key uint64) *replicaState {
+	for _, needHealthy := range [2]bool{true, false} {
+		var best *replicaState
+		var bestCost float64
+		var bestRank uint64
+		for _, s := range v.replicas {
+			if (needHealthy && !s.healthy.Load()) || !usableBy(usable, s) {
+				continue
+			}
+			c, rank := v.pendingTokens(s), mix(key^s.idHash)
+			if best == nil || c < bestCost || (c == bestCost && rank > bestRank) {
+				best, bestCost, bestRank = s, c, rank
+			}
+		}
+		if best != nil {
+			return best
+		}
+	}
+	return nil
+}
+
 // PlacementSlack is how much costlier than the lightest replica (in
 // placement cost) a new conversation's replica may be, among those with the
 // fewest active conversations, so that the one sent a request longest ago
