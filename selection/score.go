@@ -32,6 +32,14 @@ func (v *View) leastLoaded(usable func(string) bool, key uint64, withSessions bo
 // lightest is leastLoaded among the replicas fits accepts (nil: all).
 func (v *View) lightest(usable func(string) bool, key uint64, withSessions bool, fits func(*replicaState) bool) *replicaState {
 	kvWeight := v.spillWeight()
+	return v.lowest(usable, key, fits, func(s *replicaState) float64 { return cost(s, kvWeight, withSessions) })
+}
+
+// lowest is the usable replica, among those fits accepts (nil: all), of
+// lowest costOf, healthy ones first, ties broken by a rendezvous hash of key
+// so that equal replicas are chosen evenly and deterministically; nil when
+// none is usable.
+func (v *View) lowest(usable func(string) bool, key uint64, fits func(*replicaState) bool, costOf func(*replicaState) float64) *replicaState {
 	for _, needHealthy := range [2]bool{true, false} {
 		var best *replicaState
 		var bestCost float64
@@ -40,8 +48,7 @@ func (v *View) lightest(usable func(string) bool, key uint64, withSessions bool,
 			if (needHealthy && !s.healthy.Load()) || !usableBy(usable, s) || (fits != nil && !fits(s)) {
 				continue
 			}
-			c := cost(s, kvWeight, withSessions)
-			rank := mix(key ^ s.idHash)
+			c, rank := costOf(s), mix(key^s.idHash)
 			if best == nil || c < bestCost || (c == bestCost && rank > bestRank) {
 				best, bestCost, bestRank = s, c, rank
 			}
@@ -77,24 +84,7 @@ func (v *View) pendingTokens(s *replicaState) float64 {
 // ones first, ties broken by a rendezvous hash of key; nil when none is
 // usable.
 func (v *View) leastPending(usable func(string) bool, key uint64) *replicaState {
-	for _, needHealthy := range [2]bool{true, false} {
-		var best *replicaState
-		var bestCost float64
-		var bestRank uint64
-		for _, s := range v.replicas {
-			if (needHealthy && !s.healthy.Load()) || !usableBy(usable, s) {
-				continue
-			}
-			c, rank := v.pendingTokens(s), mix(key^s.idHash)
-			if best == nil || c < bestCost || (c == bestCost && rank > bestRank) {
-				best, bestCost, bestRank = s, c, rank
-			}
-		}
-		if best != nil {
-			return best
-		}
-	}
-	return nil
+	return v.lowest(usable, key, nil, v.pendingTokens)
 }
 
 // PlacementSlack is how much costlier than the lightest replica (in
