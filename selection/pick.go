@@ -139,8 +139,7 @@ func (d Decision) Release() {
 	if d.rep == nil {
 		return
 	}
-	d.rep.inFlight.Add(-1)
-	d.rep.pending.Add(-d.tokens)
+	d.rep.untake(d.tokens)
 	if d.router != nil {
 		d.router.ended(d.key, d.rep)
 	}
@@ -149,14 +148,15 @@ func (d Decision) Release() {
 // Pick chooses the replica for a request and counts it in flight there, in
 // the same step as the choice.
 func (v *View) Pick(req Request) Decision {
+	if req.PromptTokens > 0 {
+		v.router.observePrompt(req.PromptTokens)
+	} else { // unknown size: counted in flight as a typical prompt
+		req.PromptTokens = int(math.Round(v.router.typicalOr1()))
+	}
 	d := v.pick(req)
 	if d.rep != nil {
 		d.rep.lastSent.Store(req.Now.UnixNano())
 		d.tokens = int64(req.PromptTokens)
-		if d.tokens <= 0 { // unknown size: the typical prompt
-			d.tokens = int64(math.Round(v.router.typicalOr1()))
-		}
-		d.rep.pending.Add(d.tokens)
 	}
 	return d
 }
@@ -164,12 +164,9 @@ func (v *View) Pick(req Request) Decision {
 func (v *View) pick(req Request) Decision {
 	r := v.router
 	r.requests.Add(1)
-	if req.PromptTokens > 0 {
-		r.observePrompt(req.PromptTokens)
-	}
 	if req.ClientReplica != "" {
 		if s := v.byID[req.ClientReplica]; s != nil && s.healthy.Load() && usableBy(req.Usable, s) {
-			s.inFlight.Add(1)
+			s.take(req)
 			s.clientPinned.Add(1)
 			return Decision{rep: s, Outcome: ClientPinned}
 		}
@@ -205,13 +202,13 @@ func (v *View) pick(req Request) Decision {
 	}
 	pin := e.pin
 	threshold, _ := v.SpillThreshold()
-	if pin.inFlight.Add(1)-1 <= int64(threshold) {
+	if pin.take(req) <= int64(threshold) {
 		pin.sticky.Add(1)
 		d := Decision{rep: pin, Outcome: Sticky}.onPin(v, e, key, req.PromptTokens)
 		sh.mu.Unlock()
 		return d
 	}
-	pin.inFlight.Add(-1)
+	pin.untake(int64(req.PromptTokens))
 	sh.mu.Unlock()
 	d := v.spill(req, key, pin)
 	if d.Outcome == Sticky {
@@ -344,7 +341,7 @@ func (v *View) pinLocally(req Request, key uint64, now int64, mode placement) (d
 	// Another request of the same session may have placed it meanwhile
 	// (or, for a compaction or a cold cache, placed it anew).
 	if e != nil && v.usable(e.pin, req.Usable) && !v.stillMoves(e, mode, now) {
-		e.pin.inFlight.Add(1)
+		e.pin.take(req)
 		e.pin.sticky.Add(1)
 		return Decision{rep: e.pin, Outcome: Sticky}.onPin(v, e, key, req.PromptTokens), ""
 	}
@@ -366,7 +363,7 @@ func (v *View) pinLocally(req Request, key uint64, now int64, mode placement) (d
 	if e == nil && v.joins(req, parent, s) {
 		s, outcome = parent, Joined
 	}
-	s.inFlight.Add(1)
+	s.take(req)
 	if e == nil {
 		ne, dropped := sh.insert(key, s, now)
 		ne.compacted = req.Compaction == Compacting
@@ -398,17 +395,17 @@ func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
 	// with room sent a request longest ago starts its prefill soonest.
 	s := v.leastRecent(req.Usable, key, func(c *replicaState) bool { return c != pin })
 	if s != nil {
-		s.inFlight.Add(1)
+		s.take(req)
 		s.spilledIn.Add(1)
 		return Decision{rep: s, Outcome: Spilled}
 	}
 	s = v.leastPending(req.Usable, key)
 	if s == nil || s == pin || v.pendingTokens(s) >= v.pendingTokens(pin) {
-		pin.inFlight.Add(1)
+		pin.take(req)
 		pin.sticky.Add(1)
 		return Decision{rep: pin, Outcome: Sticky}
 	}
-	s.inFlight.Add(1)
+	s.take(req)
 	s.spilledIn.Add(1)
 	return Decision{rep: s, Outcome: Spilled}
 }
@@ -426,7 +423,7 @@ func (v *View) pickByLoad(req Request, key uint64) Decision {
 		r.noReplica.Add(1)
 		return Decision{}
 	}
-	s.inFlight.Add(1)
+	s.take(req)
 	s.unpinned.Add(1)
 	return Decision{rep: s, Outcome: Unpinned}
 }

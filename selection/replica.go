@@ -54,7 +54,7 @@ type replicaState struct {
 	idHash uint64 // for rendezvous tie-breaks
 
 	inFlight atomic.Int64
-	pending  atomic.Int64 // prompt tokens of our requests in flight (Request.PromptTokens)
+	pending  atomic.Int64 // prompt tokens of our requests in flight (take)
 	lastSent atomic.Int64 // unix nanoseconds of the last request sent here
 	sessions atomic.Int64 // pinned sessions in the table
 	active   atomic.Int64 // of those, used within the active window
@@ -100,6 +100,20 @@ func (s *replicaState) setLoad(l Load) {
 // since as still running.
 func (s *replicaState) busy() float64 {
 	return float64(s.inFlight.Load()) + s.load.Load().external
+}
+
+// take counts a request in flight here, its prompt in pending, in the
+// same step as its choice (so that concurrent choices see it), and returns
+// the requests that were in flight before it.
+func (s *replicaState) take(req Request) int64 {
+	s.pending.Add(int64(req.PromptTokens))
+	return s.inFlight.Add(1) - 1
+}
+
+// untake gives back what take counted.
+func (s *replicaState) untake(tokens int64) {
+	s.inFlight.Add(-1)
+	s.pending.Add(-tokens)
 }
 
 // kvUsage is the KV-cache fill, 1 when unknown.
