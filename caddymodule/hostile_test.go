@@ -34,6 +34,7 @@ type recordingBackend struct {
 	addr string
 	ln   net.Listener
 	srv  *http.Server
+	fake *fakeVLLM // the server behind it
 
 	hugeMetrics atomic.Bool
 
@@ -56,7 +57,7 @@ func startRecordingBackend(t *testing.T, name string) *recordingBackend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &recordingBackend{name: name, addr: ln.Addr().String(), ln: ln}
+	b := &recordingBackend{name: name, addr: ln.Addr().String(), ln: ln, fake: fake}
 	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: fake.addr})
 	proxy.FlushInterval = -1
 	b.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -287,6 +288,13 @@ func TestForgedReplicaHeadersAreStripped(t *testing.T) {
 // it holds, the backend must receive the exact bytes.
 func TestMalformedBodiesPassIntact(t *testing.T) {
 	a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
+	// The fake counts a body's bytes as its tokens, four times what warden
+	// estimates. When the last scrape before a 200 KB turn ended did not
+	// count it yet, its 200,000 "tokens" show up after, as if written since
+	// and enough to evict a 40,000-token cache: the conversation would be
+	// rehomed (docs/policy.md#rehoming). Without the prefix-cache counters
+	// warden never judges a conversation cold.
+	a.fake.noPrefix, b.fake.noPrefix = true, true
 	f, _ := startRecordedFleet(t, caddySetup{modelBlock: "session_from_body"}, a, b)
 	longSession := `{"metadata":{"user_id":"{\"session_id\":\"s-long\"}"},"messages":[{"role":"user","content":"` + strings.Repeat("x", 200<<10) + `"}]}`
 	bodies := map[string][]byte{
