@@ -49,11 +49,7 @@ func TestColdConversationIsRehomed(t *testing.T) {
 	if again := turn(t, r, "a", 6*time.Second); again.Outcome != Sticky || id(again) != id(d) {
 		t.Errorf("next turn: %v on %s, want sticky on %s", again.Outcome, id(again), id(d))
 	}
-	var rehomed uint64
-	for _, rs := range r.Status().Replicas {
-		rehomed += rs.Rehomed
-	}
-	if rehomed != 1 {
+	if rehomed := total(r.Status(), func(rs ReplicaStatus) uint64 { return rs.Rehomed }); rehomed != 1 {
 		t.Errorf("rehomed counted %d times, want 1", rehomed)
 	}
 }

@@ -129,11 +129,7 @@ func TestSpillAboveThresholdKeepsThePin(t *testing.T) {
 	}
 	d.Release()
 	st := r.Status()
-	var spilled uint64
-	for _, rs := range st.Replicas {
-		spilled += rs.SpilledIn
-	}
-	if spilled != 1 {
+	if spilled := total(st, func(rs ReplicaStatus) uint64 { return rs.SpilledIn }); spilled != 1 {
 		t.Fatalf("spilled_in total %d, want 1", spilled)
 	}
 	if r.Status().InFlight != 3 {
@@ -257,11 +253,7 @@ func TestUnhealthyPinIsReplaced(t *testing.T) {
 	if d := pick(t, r, "a"); id(d) == home {
 		t.Fatal("conversation went back to its old replica; the new pin should hold")
 	}
-	var replaced uint64
-	for _, rs := range r.Status().Replicas {
-		replaced += rs.Replaced
-	}
-	if replaced != 1 {
+	if replaced := total(r.Status(), func(rs ReplicaStatus) uint64 { return rs.Replaced }); replaced != 1 {
 		t.Fatalf("replaced %d, want 1", replaced)
 	}
 }
@@ -316,9 +308,14 @@ func TestActiveWindow(t *testing.T) {
 	}
 }
 
-func activeTotal(r testRouter) (n int64) {
-	for _, rs := range r.Status().Replicas {
-		n += rs.ActiveSessions
+func activeTotal(r testRouter) int64 {
+	return total(r.Status(), func(rs ReplicaStatus) int64 { return rs.ActiveSessions })
+}
+
+// total sums one counter over a status's replicas.
+func total[T int64 | uint64](st Status, counter func(ReplicaStatus) T) (n T) {
+	for _, rs := range st.Replicas {
+		n += counter(rs)
 	}
 	return n
 }
