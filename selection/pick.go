@@ -394,16 +394,13 @@ func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
 	// The spilled request's history is cached nowhere else: the replica
 	// with room sent a request longest ago starts its prefill soonest.
 	s := v.leastRecent(req.Usable, key, func(c *replicaState) bool { return c != pin })
-	if s != nil {
-		s.take(req)
-		s.spilledIn.Add(1)
-		return Decision{rep: s, Outcome: Spilled}
-	}
-	s = v.leastPending(req.Usable, key)
-	if s == nil || s == pin || v.pendingTokens(s) >= v.pendingTokens(pin) {
-		pin.take(req)
-		pin.sticky.Add(1)
-		return Decision{rep: pin, Outcome: Sticky}
+	if s == nil {
+		s = v.leastPending(req.Usable, key)
+		if s == nil || s == pin || v.pendingTokens(s) >= v.pendingTokens(pin) {
+			pin.take(req)
+			pin.sticky.Add(1)
+			return Decision{rep: pin, Outcome: Sticky}
+		}
 	}
 	s.take(req)
 	s.spilledIn.Add(1)
