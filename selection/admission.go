@@ -193,7 +193,14 @@ func (t *Ticket) Resident() bool { return t != nil && t.resident }
 
 // Done ends an admitted turn: its conversation stays resident for Linger.
 // It is a no-op in any other state, so a deferred Done is always safe.
-func (t *Ticket) Done(now time.Time) {
+func (t *Ticket) Done(now time.Time) { t.End(now, false) }
+
+// End is Done for a turn whose reply said whether it ended the agent's
+// task: a reply with no tool call (Anthropic's stop_reason end_turn,
+// OpenAI's finish_reason stop) hands the conversation back to a person,
+// whose answer comes far later than Linger, so it leaves at once and its
+// room goes to the turns waiting.
+func (t *Ticket) End(now time.Time, taskEnded bool) {
 	if t == nil {
 		return
 	}
@@ -206,9 +213,13 @@ func (t *Ticket) Done(now time.Time) {
 	t.state = Gone
 	t.res.running--
 	if t.res.running == 0 {
-		if q := t.view.cfg.Admission.Quantum; q > 0 && t.res.turns >= q && len(g.queue) > 0 {
+		q := t.view.cfg.Admission.Quantum
+		switch {
+		case taskEnded:
+			g.drop(t.res)
+		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
 			g.drop(t.res) // its quantum is used up and others wait: it yields
-		} else {
+		default:
 			t.res.idleSince = now.UnixNano()
 			g.pushIdle(t.res)
 		}

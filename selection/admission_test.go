@@ -171,6 +171,28 @@ func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 	}
 }
 
+// A turn whose reply ended the agent's task leaves residency at once,
+// though its quantum is not used up: the person's answer comes later than
+// any linger.
+func TestAdmissionTaskEndedLeavesAtOnce(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 5,
+	}})
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100, nil, t0, nil) }
+	a := turn("a")
+	b := turn("b")
+	mustState(t, b, Waiting)
+	a.End(t0, false) // a tool call: a lingers, b still waits
+	mustState(t, b, Waiting)
+	a2 := turn("a")
+	mustState(t, a2, Admitted)
+	a2.End(t0, true)
+	mustState(t, b, Admitted)
+	if a3 := turn("a"); a3.State() != Waiting {
+		t.Fatal("a's next turn did not queue behind b after its task ended")
+	}
+}
+
 // BenchmarkAdmitAmongManyResidents is a turn of a resident conversation
 // while a flood of tiny conversations holds the rest of the caches: its
 // cost must not grow with the number of residents.
