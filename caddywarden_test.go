@@ -16,6 +16,7 @@ import (
 var wardenModules = []string{
 	"admin.api.warden",
 	"http.handlers.warden_panel",
+	"http.handlers.warden_stop_reason",
 	"http.reverse_proxy.selection_policies.warden",
 	"http.reverse_proxy.upstreams.warden",
 	"warden",

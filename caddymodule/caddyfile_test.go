@@ -321,6 +321,19 @@ func TestPanelUnmarshalCaddyfileErrors(t *testing.T) {
 	}
 }
 
+func TestStopReasonUnmarshalCaddyfileErrors(t *testing.T) {
+	for _, c := range []struct {
+		input string
+		line  int
+		want  string
+	}{
+		{"warden_stop_reason extra", 1, "wrong argument count or unexpected line ending after 'extra'"},
+		{"warden_stop_reason {\n\tapis anthropic\n}", 2, `warden_stop_reason takes no options, found "apis"`},
+	} {
+		wantParseErr(t, new(StopReason).UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
+	}
+}
+
 // Through the caddyfile adapter, the sources and the panel are reached by
 // the names a Caddyfile uses, and their errors come back with the line.
 func TestDirectivesThroughTheAdapter(t *testing.T) {
@@ -328,6 +341,7 @@ func TestDirectivesThroughTheAdapter(t *testing.T) {
 		{"reverse_proxy {\n\t\tdynamic warden\n\t\tlb_policy warden m\n\t}", "expected: dynamic warden <model>, at Caddyfile:10"},
 		{"reverse_proxy 127.0.0.1:1 {\n\t\tlb_policy warden\n\t}", "expected: lb_policy warden <model>, at Caddyfile:10"},
 		{"warden_panel extra", "wrong argument count or unexpected line ending after 'extra', at Caddyfile:9"},
+		{"warden_stop_reason extra", "wrong argument count or unexpected line ending after 'extra', at Caddyfile:9"},
 	} {
 		input := "{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t}\n\t}\n}\n:8080 {\n\t" + c.site + "\n}\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)

@@ -69,6 +69,8 @@ type caddySetup struct {
 	modelBlock    string
 	proxyOptions  string
 	globalOptions string
+	// siteDirectives go in the site block beside reverse_proxy.
+	siteDirectives string
 	// dynamic has reverse_proxy take its upstreams from `dynamic warden m`
 	// instead of listing them.
 	dynamic bool
@@ -102,13 +104,14 @@ func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *syncBuf
 	}
 }
 http://%s {
+	%s
 	reverse_proxy %s {
 		lb_policy warden m
 		flush_interval -1
 		%s
 	}
 }
-`, admin, setup.globalOptions, block, site, upstreams, setup.proxyOptions)
+`, admin, setup.globalOptions, block, site, setup.siteDirectives, upstreams, setup.proxyOptions)
 	log := &syncBuffer{}
 	p, err := caddyproc.StartIn(setup.dataDir, caddyBin, caddyfile, admin, log)
 	if err != nil {

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // whenever it is known.
 var (
 	descLoadControlWaiting = desc("load_control_waiting", "Turns held by load control now.", "model")
-	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited).", "model", "result")
+	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited), task_ended (its reply ended the agent's task, read by warden_stop_reason: its conversation left at once).", "model", "result")
 	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
 	descResidentTokens     = desc("resident_tokens", "Estimated prompt tokens (body bytes / 4) of the conversations resident on the replica.", replicaLabels...)
 	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size; no sample while unknown.", replicaLabels...)
@@ -33,7 +33,7 @@ func describeLoadControl(ch chan<- *prometheus.Desc) {
 func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadControlStatus) {
 	ch <- prometheus.MustNewConstMetric(descLoadControlWaiting, prometheus.GaugeValue, float64(lc.Waiting), model)
 	for result, n := range map[string]uint64{
-		"admitted": lc.Admitted, "queued": lc.Queued, "forced": lc.Forced, "refused": lc.Refused, "cancelled": lc.Cancelled,
+		"admitted": lc.Admitted, "queued": lc.Queued, "forced": lc.Forced, "refused": lc.Refused, "cancelled": lc.Cancelled, "task_ended": lc.TaskEnded,
 	} {
 		ch <- prometheus.MustNewConstMetric(descLoadControlTurns, prometheus.CounterValue, float64(n), model, result)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -126,6 +127,9 @@ type inFlight struct {
 	// or its client left while it waited, so that no retry sends it.
 	ticket     *selection.Ticket
 	turnedAway bool
+	// taskEnded is set by warden_stop_reason when the reply ended the
+	// agent's task.
+	taskEnded atomic.Bool
 
 	mu sync.Mutex
 	d  selection.Decision
@@ -145,7 +149,7 @@ func (f *inFlight) set(d selection.Decision) {
 // control admits in the room the ticket's end frees sees it.
 func (f *inFlight) release() {
 	f.set(selection.Decision{})
-	f.ticket.Done(time.Now())
+	f.ticket.End(time.Now(), f.taskEnded.Load())
 }
 
 // Select picks the upstream of the replica chosen for r. It runs for every

@@ -68,12 +68,15 @@ type LoadControlStatus struct {
 	// Admitted counts turns admitted, at once or after waiting (forced
 	// included); Queued those that had to wait; Forced those sent over
 	// capacity after max_wait; Refused those answered 503 by a full queue;
-	// Cancelled those whose client left while they waited.
+	// Cancelled those whose client left while they waited; TaskEnded the
+	// turns whose reply ended the agent's task (read by warden_stop_reason),
+	// their conversation leaving at once.
 	Admitted  uint64 `json:"admitted"`
 	Queued    uint64 `json:"queued"`
 	Forced    uint64 `json:"forced"`
 	Refused   uint64 `json:"refused"`
 	Cancelled uint64 `json:"cancelled"`
+	TaskEnded uint64 `json:"task_ended"`
 }
 
 // PinSnapshotStatus is the model's pin snapshot in Caddy's storage: the last
@@ -176,6 +179,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Forced:         st.Admission.Forced,
 			Refused:        st.Admission.Refused,
 			Cancelled:      st.Admission.Cancelled,
+			TaskEnded:      st.Admission.TaskEnded,
 		},
 	}
 	if l.store != nil {

@@ -137,7 +137,7 @@ type gate struct {
 	idle  list.List
 	queue []*Ticket
 
-	admitted, queued, forced, refused, cancelled uint64
+	admitted, queued, forced, refused, cancelled, taskEnded uint64
 }
 
 func newGate() *gate {
@@ -217,6 +217,7 @@ func (t *Ticket) End(now time.Time, taskEnded bool) {
 		switch {
 		case taskEnded:
 			g.drop(t.res)
+			g.taskEnded++
 		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
 			g.drop(t.res) // its quantum is used up and others wait: it yields
 		default:
@@ -426,8 +427,10 @@ type AdmissionStatus struct {
 	// Admitted counts turns admitted, at once or from the queue (Forced
 	// included); Queued those that had to wait; Forced those admitted over
 	// capacity after MaxWait; Refused those turned away by a full queue;
-	// Cancelled those whose client left while they waited.
-	Admitted, Queued, Forced, Refused, Cancelled uint64
+	// Cancelled those whose client left while they waited; TaskEnded the
+	// turns whose reply ended the agent's task, their conversation leaving
+	// at once (Ticket.End).
+	Admitted, Queued, Forced, Refused, Cancelled, TaskEnded uint64
 }
 
 // residency is what a replica holds resident.
@@ -441,7 +444,7 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]residency 
 	*st = AdmissionStatus{
 		Enabled: v.cfg.Admission.Enabled && v.cfg.Affinity,
 		Waiting: len(g.queue), Admitted: g.admitted, Queued: g.queued,
-		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled,
+		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled, TaskEnded: g.taskEnded,
 	}
 	out := make(map[*replicaState]residency, len(v.replicas))
 	for _, s := range v.replicas {

@@ -191,6 +191,9 @@ func TestAdmissionTaskEndedLeavesAtOnce(t *testing.T) {
 	if a3 := turn("a"); a3.State() != Waiting {
 		t.Fatal("a's next turn did not queue behind b after its task ended")
 	}
+	if st := r.Status().Admission; st.TaskEnded != 1 {
+		t.Errorf("task ended counted %d times, want 1", st.TaskEnded)
+	}
 }
 
 // BenchmarkAdmitAmongManyResidents is a turn of a resident conversation

@@ -1,0 +1,102 @@
+package caddymodule
+
+import (
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lmwarden/caddy-warden/replyend"
+)
+
+func init() {
+	caddy.RegisterModule(StopReason{})
+	httpcaddyfile.RegisterHandlerDirective("warden_stop_reason", parseStopReasonDirective)
+	httpcaddyfile.RegisterDirectiveOrder("warden_stop_reason", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// StopReason (`warden_stop_reason` in a Caddyfile, before the
+// reverse_proxy whose lb_policy is warden) reads each reply's stop reason
+// as it streams through, for load control: a reply that ended the agent's
+// task (Anthropic's stop_reason end_turn, OpenAI's finish_reason stop: no
+// tool call) hands the conversation back to a person, so its room goes to
+// waiting turns at once instead of after linger. Replies of requests load
+// control did not admit pass untouched and unread.
+type StopReason struct{}
+
+// CaddyModule returns the Caddy module information.
+func (StopReason) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.warden_stop_reason",
+		New: func() caddy.Module { return new(StopReason) },
+	}
+}
+
+// UnmarshalCaddyfile reads `warden_stop_reason`, which takes no arguments.
+func (s *StopReason) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Errf("warden_stop_reason takes no options, found %q", d.Val())
+	}
+	return nil
+}
+
+func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	s := new(StopReason)
+	err := s.UnmarshalCaddyfile(h.Dispenser)
+	return s, err
+}
+
+// ServeHTTP passes the request on and tells the turn's ticket, before the
+// request's end releases it, whether the reply ended the agent's task.
+func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	sw := &stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
+	err := next.ServeHTTP(sw, r)
+	if sw.held != nil && sw.scan.TaskEnded() {
+		sw.held.taskEnded.Store(true)
+	}
+	return err
+}
+
+// stopReasonWriter scans what the reply writes, once it knows the request
+// holds a ticket: warden's Select has run by the reply's first write.
+type stopReasonWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	r       *http.Request
+	checked bool
+	held    *inFlight
+	scan    replyend.Scanner
+}
+
+func (w *stopReasonWriter) Write(p []byte) (int, error) {
+	if !w.checked {
+		w.checked = true
+		if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inFlight); ok && held.ticket != nil {
+			w.held = held
+		}
+	}
+	if w.held != nil {
+		w.scan.Write(p)
+	}
+	return w.ResponseWriterWrapper.Write(p)
+}
+
+// ReadFrom goes through Write: the wrapper's own would hand the reader to
+// the writer underneath, unread.
+func (w *stopReasonWriter) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(writerOnly{w}, r)
+}
+
+type writerOnly struct{ io.Writer }
+
+// Interface guards
+var (
+	_ caddyhttp.MiddlewareHandler = (*StopReason)(nil)
+	_ caddyfile.Unmarshaler       = (*StopReason)(nil)
+)

@@ -1,0 +1,117 @@
+package replyend
+
+import (
+	"strings"
+	"testing"
+)
+
+// Replies as vLLM's OpenAI and Anthropic servers stream them (abridged) and
+// as they answer without streaming.
+var replies = []struct {
+	name  string
+	reply string
+	ended bool
+}{
+	{"anthropic stream, text", `event: message_start
+data: {"type":"message_start","message":{"id":"msg_1","role":"assistant","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12}}}
+
+event: content_block_delta
+data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Done."}}
+
+event: message_delta
+data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}
+
+event: message_stop
+data: {"type":"message_stop"}
+
+`, true},
+	{"anthropic stream, tool call", `event: message_start
+data: {"type":"message_start","message":{"stop_reason":null}}
+
+event: content_block_start
+data: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"Bash","input":{}}}
+
+event: message_delta
+data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null}}
+
+`, false},
+	{"anthropic, cut at max_tokens", `{"type":"message","content":[{"type":"text","text":"…"}],"stop_reason":"max_tokens"}`, false},
+	{"anthropic, text, spaced", `{"type": "message", "stop_reason" :  "end_turn"}`, true},
+	{"openai stream, text", `data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Done."},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"c1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}
+
+data: {"id":"c1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2}}
+
+data: [DONE]
+
+`, true},
+	{"openai stream, tool call", `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"bash","arguments":"{}"}}]},"finish_reason":null}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
+
+data: [DONE]
+
+`, false},
+	{"openai, cut at max_tokens", `{"choices":[{"message":{"content":"…"},"finish_reason":"length"}]}`, false},
+	{"openai, two choices, one calls a tool", `{"choices":[{"finish_reason":"stop"},{"finish_reason":"tool_calls"}]}`, false},
+	{"a model writing about the fields", `{"choices":[{"delta":{"content":"set \"finish_reason\":\"stop\" and \"stop_reason\":\"end_turn\""},"finish_reason":null}]}`, false},
+	{"no reason", `{"error":{"message":"boom"}}`, false},
+	{"a reason too long", `{"stop_reason":"` + strings.Repeat("x", 100) + `"}`, false},
+	{"blanks past the bound", `{"stop_reason"` + strings.Repeat(" ", 100) + `:"end_turn"}`, false},
+}
+
+// Every reply reads the same whole, a byte at a time, and cut in two at
+// every place.
+func TestScannerReadsTheStopReason(t *testing.T) {
+	for _, c := range replies {
+		t.Run(c.name, func(t *testing.T) {
+			var whole Scanner
+			whole.Write([]byte(c.reply))
+			if got := whole.TaskEnded(); got != c.ended {
+				t.Fatalf("whole: task ended %v, want %v", got, c.ended)
+			}
+			var bytewise Scanner
+			for i := range len(c.reply) {
+				bytewise.Write([]byte{c.reply[i]})
+			}
+			if got := bytewise.TaskEnded(); got != c.ended {
+				t.Fatalf("a byte at a time: task ended %v, want %v", got, c.ended)
+			}
+			for cut := range len(c.reply) {
+				var s Scanner
+				s.Write([]byte(c.reply[:cut]))
+				s.Write([]byte(c.reply[cut:]))
+				if got := s.TaskEnded(); got != c.ended {
+					t.Fatalf("cut at %d (%q|%q): task ended %v, want %v", cut, c.reply[max(0, cut-10):cut], c.reply[cut:min(len(c.reply), cut+10)], got, c.ended)
+				}
+			}
+		})
+	}
+}
+
+// What the scanner keeps between writes stays small whatever the reply:
+// a field cut by a write is kept only up to its bounds.
+func TestScannerKeepsLittle(t *testing.T) {
+	var s Scanner
+	s.Write([]byte(`{"stop_reason":` + strings.Repeat(" ", maxSpace)))
+	for range 1000 {
+		s.Write([]byte(strings.Repeat(" ", 1000)))
+		if len(s.tail) > 64 {
+			t.Fatalf("kept %d bytes between writes", len(s.tail))
+		}
+	}
+	s.Write([]byte(`"end_turn"}`))
+	if s.TaskEnded() {
+		t.Fatal("a reason a megabyte of blanks past its key was read")
+	}
+}
+
+func BenchmarkScanner(b *testing.B) {
+	chunk := []byte(`data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	b.SetBytes(int64(len(chunk)))
+	var s Scanner
+	for b.Loop() {
+		s.Write(chunk)
+	}
+}
