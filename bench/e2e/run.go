@@ -91,15 +91,23 @@ var policiesFor = map[string][]string{
 // (off by default: a compacted conversation keeps its pin),
 // "warden-nofingerprint" keys no header-less conversation,
 // "warden-admission" turns load control on (its times scaled like the
-// replicas', as scaled writes them).
+// replicas', as scaled writes them), "warden-admission-farm" with the farm
+// preset (lab.PolicyAdmissionFarm). Every warden runs behind
+// warden_stop_reason, which load control reads the replies' ends with.
 var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
 	"warden-nosubagents":   fixed("subagents off"),
 	"warden-compaction":    fixed("compaction on"),
 	"warden-nofingerprint": fixed("fingerprint off"),
-	"warden-admission": func(scaled func(time.Duration) string) string {
-		return fmt.Sprintf("load_control {\n\t\t\t\tlinger %s\n\t\t\t\tmax_wait %s\n\t\t\t}",
-			scaled(selection.DefaultAdmissionLinger), scaled(selection.DefaultAdmissionWait))
-	},
+	"warden-admission":      loadControl(""),
+	"warden-admission-farm": loadControl("fill 1.25\n\t\t\t\tquantum off\n\t\t\t\t"),
+}
+
+// loadControl is a load_control block with options, its times scaled.
+func loadControl(options string) func(scaled func(time.Duration) string) string {
+	return func(scaled func(time.Duration) string) string {
+		return fmt.Sprintf("load_control {\n\t\t\t\t%slinger %s\n\t\t\t\tmax_wait %s\n\t\t\t}",
+			options, scaled(selection.DefaultAdmissionLinger), scaled(selection.DefaultAdmissionWait))
+	}
 }
 
 func fixed(option string) func(func(time.Duration) string) string {
@@ -264,9 +272,10 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 %s		}
 	}
 `, c.Global(), model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute), scaled(compactionInterval), options)
-	lbPolicy := policy
+	lbPolicy, site := policy, inst.SiteDirectives()
 	if usesWarden(policy) {
 		lbPolicy = "warden"
+		site += "\twarden_stop_reason\n"
 	}
 	lb := map[string]string{
 		"warden":      "lb_policy warden m",
@@ -289,7 +298,7 @@ http://%s {
 		flush_interval -1
 	}
 }
-`, inst.Admin, global, inst.Site, inst.SiteDirectives(), strings.Join(upstreams, " "), lb)
+`, inst.Admin, global, inst.Site, site, strings.Join(upstreams, " "), lb)
 }
 
 // saveAdminJSON keeps the model's panel as it stood after a level.

@@ -35,6 +35,15 @@ func TestWardenVariantsConfig(t *testing.T) {
 		!strings.Contains(cfg, "linger 600ms") || !strings.Contains(cfg, "max_wait 30s") {
 		t.Errorf("warden-admission: load control missing or its times not scaled:\n%s", cfg)
 	}
+	if cfg := caddyfile(o, "warden-admission-farm", sims, &Cluster{}, inst); !strings.Contains(cfg, "fill 1.25") ||
+		!strings.Contains(cfg, "quantum off") || !strings.Contains(cfg, "linger 600ms") {
+		t.Errorf("warden-admission-farm: not the farm preset:\n%s", cfg)
+	}
+	for _, policy := range []string{"warden", "off", "warden-admission", "header"} {
+		if cfg := caddyfile(o, policy, sims, &Cluster{}, inst); strings.Contains(cfg, "warden_stop_reason") != usesWarden(policy) {
+			t.Errorf("%s: warden_stop_reason where warden routes, and only there:\n%s", policy, cfg)
+		}
+	}
 	o.CompactionInterval = 20 * time.Second
 	if cfg := caddyfile(o, "warden", sims, &Cluster{}, inst); !strings.Contains(cfg, "compaction_interval 2s") {
 		t.Errorf("compaction interval not scaled:\n%s", cfg)

@@ -15,7 +15,15 @@ const (
 	// replica's cache and never makes them yield: it holds turns only deep
 	// in overload (docs/policy.md#load-control).
 	PolicyAdmissionGentle = "warden-admission-gentle"
+	// PolicyAdmissionFarm keeps a conversation resident for its whole task
+	// (no quantum), four of the seed's conversations per replica (fill
+	// 1.25): for headless agent farms, where the time a conversation takes
+	// matters more than how long its first turn waits.
+	PolicyAdmissionFarm = "warden-admission-farm"
 )
+
+// farmAdmission is PolicyAdmissionFarm's setting.
+var farmAdmission = selection.AdmissionConfig{Fill: 1.25, Quantum: -1}
 
 // gentleAdmission is PolicyAdmissionGentle's setting.
 var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}
@@ -72,7 +80,7 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		}
 		dispatch(p.index[rep.ID], func() {
 			d.Release()
-			t.Done(virtualTime(p.env.Now()))
+			t.End(virtualTime(p.env.Now()), a.TaskEnded)
 		})
 	}
 	tokens := selection.EstimateTokens(a.PromptBytes)

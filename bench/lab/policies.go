@@ -24,6 +24,7 @@ var policyFactories = map[string]PolicyFactory{
 	PolicyRoundRobin:      newRoundRobinPolicy,
 	PolicyAdmission:       newAdmissionPolicy(selection.AdmissionConfig{}),
 	PolicyAdmissionGentle: newAdmissionPolicy(gentleAdmission),
+	PolicyAdmissionFarm:   newAdmissionPolicy(farmAdmission),
 }
 
 // wardenPolicy is the warden policy as Caddy runs it: the same fleet

@@ -17,6 +17,12 @@ type Arrival struct {
 	PromptBytes int64
 	// Now is the arrival's virtual time.
 	Now time.Duration
+	// TaskEnded is set on a session's last request: its reply ends the
+	// agent's task (Anthropic's stop_reason end_turn, OpenAI's
+	// finish_reason stop) where every other reply calls a tool. A proxy
+	// reads it in the reply (warden_stop_reason), so a policy may use it
+	// only once the request has ended.
+	TaskEnded bool
 }
 
 // Policy routes requests to engines, as a proxy in front of them would.
