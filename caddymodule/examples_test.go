@@ -13,7 +13,7 @@ func TestListModules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("list-modules: %v\n%s", err, out)
 	}
-	for _, id := range []string{"warden", "http.reverse_proxy.selection_policies.warden", "admin.api.warden"} {
+	for _, id := range []string{"warden", "http.reverse_proxy.selection_policies.warden", "admin.api.warden", "http.handlers.warden_stop_reason"} {
 		if !strings.Contains("\n"+string(out), "\n"+id+"\n") {
 			t.Errorf("list-modules does not show %s", id)
 		}
