@@ -308,29 +308,20 @@ func TestUpstreamsUnmarshalCaddyfile(t *testing.T) {
 	}
 }
 
-func TestPanelUnmarshalCaddyfileErrors(t *testing.T) {
+// The handlers without options refuse arguments and blocks, with the line.
+func TestHandlersWithoutOptionsUnmarshalCaddyfileErrors(t *testing.T) {
 	for _, c := range []struct {
 		input string
+		u     caddyfile.Unmarshaler
 		line  int
 		want  string
 	}{
-		{"warden_panel extra", 1, "wrong argument count or unexpected line ending after 'extra'"},
-		{"warden_panel {\n\trefresh 1s\n}", 2, `warden_panel takes no options, found "refresh"`},
+		{"warden_panel extra", new(Panel), 1, "wrong argument count or unexpected line ending after 'extra'"},
+		{"warden_panel {\n\trefresh 1s\n}", new(Panel), 2, `warden_panel takes no options, found "refresh"`},
+		{"warden_stop_reason extra", new(StopReason), 1, "wrong argument count or unexpected line ending after 'extra'"},
+		{"warden_stop_reason {\n\tapis anthropic\n}", new(StopReason), 2, `warden_stop_reason takes no options, found "apis"`},
 	} {
-		wantParseErr(t, new(Panel).UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
-	}
-}
-
-func TestStopReasonUnmarshalCaddyfileErrors(t *testing.T) {
-	for _, c := range []struct {
-		input string
-		line  int
-		want  string
-	}{
-		{"warden_stop_reason extra", 1, "wrong argument count or unexpected line ending after 'extra'"},
-		{"warden_stop_reason {\n\tapis anthropic\n}", 2, `warden_stop_reason takes no options, found "apis"`},
-	} {
-		wantParseErr(t, new(StopReason).UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
+		wantParseErr(t, c.u.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)), c.line, c.want)
 	}
 }
 

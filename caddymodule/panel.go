@@ -48,13 +48,17 @@ func (Panel) CaddyModule() caddy.ModuleInfo {
 }
 
 // UnmarshalCaddyfile reads `warden_panel`, which takes no arguments.
-func (p *Panel) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (p *Panel) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { return noOptions(d) }
+
+// noOptions reads a directive that takes no arguments and no block.
+func noOptions(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
+	name := d.Val()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
 	if d.NextBlock(0) {
-		return d.Errf("warden_panel takes no options, found %q", d.Val())
+		return d.Errf("%s takes no options, found %q", name, d.Val())
 	}
 	return nil
 }

@@ -36,16 +36,7 @@ func (StopReason) CaddyModule() caddy.ModuleInfo {
 }
 
 // UnmarshalCaddyfile reads `warden_stop_reason`, which takes no arguments.
-func (s *StopReason) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	if d.NextBlock(0) {
-		return d.Errf("warden_stop_reason takes no options, found %q", d.Val())
-	}
-	return nil
-}
+func (s *StopReason) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { return noOptions(d) }
 
 func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	s := new(StopReason)
