@@ -44,25 +44,65 @@ type streamOutcome struct {
 	cachedTokens int
 	// cacheReported is true when the server reported cachedTokens.
 	cacheReported bool
+	// stop is the server's stop_reason or finish_reason ("" if none came).
+	stop string
 }
 
-// textStream gathers the deltas common to both protocols.
+// textStream gathers the deltas common to both protocols: text, and the
+// arguments of a tool call.
 type textStream struct {
 	text       strings.Builder
+	args       strings.Builder
 	firstToken time.Time
 	deltas     int
 }
 
-func (t *textStream) add(delta string) {
+func (t *textStream) add(delta string) { t.addTo(&t.text, delta) }
+
+func (t *textStream) addArgs(delta string) { t.addTo(&t.args, delta) }
+
+func (t *textStream) addTo(b *strings.Builder, delta string) {
 	if delta == "" {
 		return
 	}
 	if t.firstToken.IsZero() {
 		t.firstToken = time.Now()
 	}
-	t.text.WriteString(delta)
+	b.WriteString(delta)
 	t.deltas++
 }
+
+// reply is what the session keeps of the answer: its text, then the
+// command of its tool call (the raw arguments if they hold none). Keeping
+// the command as text resends what the model generated, so the next turn's
+// prompt hits the cache as a text reply's does.
+func (t *textStream) reply() string {
+	if t.args.Len() == 0 {
+		return t.text.String()
+	}
+	var call struct {
+		Command string `json:"command"`
+	}
+	if json.Unmarshal([]byte(t.args.String()), &call) == nil && call.Command != "" {
+		return t.text.String() + call.Command
+	}
+	return t.text.String() + t.args.String()
+}
+
+// bashDescription and bashSchema define the one tool offered, a trimmed
+// version of Claude Code's Bash tool: enough for a forced call to have a
+// shape, small enough to leave prompt sizes nearly unchanged.
+const bashDescription = "Executes a bash command and returns its output."
+
+var bashSchema = json.RawMessage(`{"type":"object","properties":{"command":{"type":"string","description":"The command to execute"}},"required":["command"]}`)
+
+// endsTask says whether the turn's reply is text that ends its agent's
+// task rather than a tool call: true on the last request of a conversation
+// (the session's last turn, a sub-agent's last turn, whose text is its
+// report to its parent, and a summarising request, whose summary is text).
+// The requests force the answer through tool_choice, so that a simulated
+// model gives each turn the stop a real one would.
+func endsTask(t Turn) bool { return t.Final }
 
 // newRequest builds the streaming request for turn t of session s.
 func newRequest(ctx context.Context, baseURL string, cfg Config, s *Session, t Turn) (*http.Request, error) {
@@ -130,13 +170,25 @@ type anthropicMessage struct {
 	Content []anthropicBlock `json:"content"`
 }
 
+type anthropicTool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+type anthropicToolChoice struct {
+	Type string `json:"type"`
+}
+
 type anthropicRequest struct {
-	Model     string             `json:"model"`
-	MaxTokens int                `json:"max_tokens"`
-	System    []anthropicBlock   `json:"system"`
-	Messages  []anthropicMessage `json:"messages"`
-	Metadata  *anthropicMetadata `json:"metadata,omitempty"`
-	Stream    bool               `json:"stream"`
+	Model      string              `json:"model"`
+	MaxTokens  int                 `json:"max_tokens"`
+	System     []anthropicBlock    `json:"system"`
+	Messages   []anthropicMessage  `json:"messages"`
+	Tools      []anthropicTool     `json:"tools"`
+	ToolChoice anthropicToolChoice `json:"tool_choice"`
+	Metadata   *anthropicMetadata  `json:"metadata,omitempty"`
+	Stream     bool                `json:"stream"`
 }
 
 type anthropicMetadata struct {
@@ -144,7 +196,9 @@ type anthropicMetadata struct {
 }
 
 // anthropicBody shapes a turn as Claude Code does: system and content as
-// lists of text blocks, identity in metadata.user_id (none without an ID).
+// lists of text blocks, tools on every request, identity in
+// metadata.user_id (none without an ID). tool_choice stands in for the
+// model's decision (see endsTask).
 func anthropicBody(cfg Config, s *Session, t Turn) anthropicRequest {
 	messages := make([]anthropicMessage, len(t.Messages))
 	for i, m := range t.Messages {
@@ -155,7 +209,12 @@ func anthropicBody(cfg Config, s *Session, t Turn) anthropicRequest {
 		MaxTokens: t.MaxTokens,
 		System:    []anthropicBlock{{Type: "text", Text: t.System}},
 		Messages:  messages,
+		Tools:     []anthropicTool{{Name: "Bash", Description: bashDescription, InputSchema: bashSchema}},
 		Stream:    true,
+	}
+	req.ToolChoice.Type = "any"
+	if endsTask(t) {
+		req.ToolChoice.Type = "none"
 	}
 	if !cfg.NoSessionID {
 		req.Metadata = &anthropicMetadata{UserID: s.UserID}
@@ -178,8 +237,10 @@ type anthropicEvent struct {
 		Usage *anthropicUsage `json:"usage"`
 	} `json:"message"`
 	Delta *struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		PartialJSON string `json:"partial_json"`
+		StopReason  string `json:"stop_reason"`
 	} `json:"delta"`
 	Usage *anthropicUsage `json:"usage"`
 	Error *struct {
@@ -188,13 +249,15 @@ type anthropicEvent struct {
 	} `json:"error"`
 }
 
-// readAnthropicStream follows message_start, content_block_delta (text_delta),
-// message_delta (usage) and message_stop.
+// readAnthropicStream follows message_start, content_block_delta (text_delta
+// or a tool call's input_json_delta), message_delta (stop reason, usage) and
+// message_stop.
 func readAnthropicStream(events *sseReader) (streamOutcome, error) {
 	var text textStream
 	// Latest value of each field: message_start carries the input side,
 	// message_delta the final output count (message_start's is a placeholder).
 	var input, cacheRead, cacheCreation, output *int
+	var stop string
 	merge := func(u *anthropicUsage, withOutput bool) {
 		if u == nil {
 			return
@@ -207,7 +270,7 @@ func readAnthropicStream(events *sseReader) (streamOutcome, error) {
 		}
 	}
 	outcome := func() streamOutcome {
-		out := streamOutcome{text: text.text.String(), firstToken: text.firstToken, outputTokens: text.deltas}
+		out := streamOutcome{text: text.reply(), firstToken: text.firstToken, outputTokens: text.deltas, stop: stop}
 		if output != nil {
 			out.outputTokens = *output
 		}
@@ -241,11 +304,20 @@ func readAnthropicStream(events *sseReader) (streamOutcome, error) {
 				merge(msg.Message.Usage, false)
 			}
 		case "content_block_delta":
-			if msg.Delta != nil && msg.Delta.Type == "text_delta" {
+			if msg.Delta == nil {
+				break
+			}
+			switch msg.Delta.Type {
+			case "text_delta":
 				text.add(msg.Delta.Text)
+			case "input_json_delta":
+				text.addArgs(msg.Delta.PartialJSON)
 			}
 		case "message_delta":
 			merge(msg.Usage, true)
+			if msg.Delta != nil {
+				stop = cmp.Or(msg.Delta.StopReason, stop)
+			}
 		case "message_stop":
 			stopped = true
 		case "error":
@@ -263,9 +335,22 @@ type openAIMessage struct {
 	Content string `json:"content"`
 }
 
+type openAIFunction struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Parameters  json.RawMessage `json:"parameters"`
+}
+
+type openAITool struct {
+	Type     string         `json:"type"`
+	Function openAIFunction `json:"function"`
+}
+
 type openAIRequest struct {
 	Model         string          `json:"model"`
 	Messages      []openAIMessage `json:"messages"`
+	Tools         []openAITool    `json:"tools"`
+	ToolChoice    string          `json:"tool_choice"`
 	MaxTokens     int             `json:"max_tokens"`
 	Stream        bool            `json:"stream"`
 	StreamOptions struct {
@@ -273,15 +358,24 @@ type openAIRequest struct {
 	} `json:"stream_options"`
 }
 
-// openAIBody puts the system prompt first in the messages and asks for the
-// usage chunk, the only place a stream reports cached tokens.
+// openAIBody puts the system prompt first in the messages, offers the tools
+// with tool_choice "required" ("none" when the reply ends the task, see
+// endsTask) and asks for the usage chunk, the only place a stream reports
+// cached tokens.
 func openAIBody(cfg Config, t Turn) openAIRequest {
 	messages := make([]openAIMessage, 0, len(t.Messages)+1)
 	messages = append(messages, openAIMessage{Role: "system", Content: t.System})
 	for _, m := range t.Messages {
 		messages = append(messages, openAIMessage(m))
 	}
-	req := openAIRequest{Model: cfg.Model, Messages: messages, MaxTokens: t.MaxTokens, Stream: true}
+	req := openAIRequest{
+		Model: cfg.Model, Messages: messages, MaxTokens: t.MaxTokens, Stream: true,
+		Tools:      []openAITool{{Type: "function", Function: openAIFunction{Name: "Bash", Description: bashDescription, Parameters: bashSchema}}},
+		ToolChoice: "required",
+	}
+	if endsTask(t) {
+		req.ToolChoice = "none"
+	}
 	req.StreamOptions.IncludeUsage = true
 	return req
 }
@@ -291,8 +385,14 @@ type openAIChunk struct {
 	Message string `json:"message"`
 	Choices []struct {
 		Delta struct {
-			Content string `json:"content"`
+			Content   string `json:"content"`
+			ToolCalls []struct {
+				Function struct {
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
 		} `json:"delta"`
+		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens        int `json:"prompt_tokens"`
@@ -306,7 +406,8 @@ type openAIChunk struct {
 	} `json:"error"`
 }
 
-// readOpenAIStream follows chat.completion.chunk deltas, the final usage
+// readOpenAIStream follows chat.completion.chunk deltas (content, or a tool
+// call's arguments), the finish reason, the final usage
 // chunk and [DONE]. vLLM omits prompt_tokens_details when nothing was cached
 // (and when the server runs without --enable-prompt-tokens-details), so an
 // absent field leaves cacheReported false.
@@ -315,7 +416,7 @@ func readOpenAIStream(events *sseReader) (streamOutcome, error) {
 	out := streamOutcome{}
 	usageSeen := false
 	finish := func() streamOutcome {
-		out.text, out.firstToken = text.text.String(), text.firstToken
+		out.text, out.firstToken = text.reply(), text.firstToken
 		if !usageSeen {
 			out.outputTokens = text.deltas
 		}
@@ -344,6 +445,10 @@ func readOpenAIStream(events *sseReader) (streamOutcome, error) {
 		}
 		for _, c := range chunk.Choices {
 			text.add(c.Delta.Content)
+			for _, call := range c.Delta.ToolCalls {
+				text.addArgs(call.Function.Arguments)
+			}
+			out.stop = cmp.Or(c.FinishReason, out.stop)
 		}
 		if u := chunk.Usage; u != nil {
 			usageSeen = true

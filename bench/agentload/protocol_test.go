@@ -225,3 +225,34 @@ func decodeBody(t *testing.T, body io.Reader, into any) {
 		t.Fatal(err)
 	}
 }
+
+// A streamed tool call's arguments count as tokens, and its command is the
+// reply the session keeps; the stop reason is read in both protocols.
+func TestReadToolCallStreams(t *testing.T) {
+	anthropic := sse(anthropicHead[0],
+		[2]string{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"Bash","input":{}}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"command\":\"ls "}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"-l\"}"}}`},
+		anthropicTail[0],
+		[2]string{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":2}}`},
+		anthropicTail[2])
+	openAI := sse(
+		[2]string{"", `{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`},
+		[2]string{"", `{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"c1","type":"function","index":0,"function":{"name":"Bash","arguments":""}}]},"finish_reason":null}]}`},
+		[2]string{"", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"command\":\"ls "}}]},"finish_reason":null}]}`},
+		[2]string{"", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"-l\"}"}}]},"finish_reason":"tool_calls"}]}`},
+		[2]string{"", "[DONE]"})
+	for api, c := range map[API]struct{ stream, stop string }{APIAnthropic: {anthropic, "tool_use"}, APIOpenAI: {openAI, "tool_calls"}} {
+		out, err := readStream(api, strings.NewReader(c.stream))
+		if err != nil {
+			t.Fatalf("%s: %v", api, err)
+		}
+		if out.text != "ls -l" || out.stop != c.stop || out.outputTokens != 2 || out.firstToken.IsZero() {
+			t.Errorf("%s: text %q stop %q output %d", api, out.text, out.stop, out.outputTokens)
+		}
+	}
+	text, _ := readStream(APIAnthropic, strings.NewReader(sse(append(anthropicHead, anthropicTail...)...)))
+	if text.stop != "end_turn" {
+		t.Errorf("text reply: stop %q, want end_turn", text.stop)
+	}
+}

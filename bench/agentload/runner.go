@@ -49,6 +49,10 @@ type Result struct {
 	// CacheReported tells whether the server said so at all.
 	CachedTokens  int
 	CacheReported bool
+	// Stop is the reply's stop_reason (Anthropic) or finish_reason (OpenAI):
+	// tool_use or tool_calls while the agent works, end_turn or stop when
+	// its reply ends the task; "" if none arrived.
+	Stop string
 	// Status is the HTTP status (0 if no response arrived).
 	Status int
 	// Engine is the EngineHeader value ("" if absent).
@@ -264,6 +268,7 @@ func (r *Runner) send(ctx context.Context, client *http.Client, s *Session, t Tu
 	res.End = time.Now()
 	res.FirstToken, res.OutputTokens = out.firstToken, out.outputTokens
 	res.PromptTokens, res.CachedTokens, res.CacheReported = out.promptTokens, out.cachedTokens, out.cacheReported
+	res.Stop = out.stop
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:

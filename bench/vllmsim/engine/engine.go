@@ -65,6 +65,9 @@ type Request struct {
 	// min(MaxTokens, len(Output)) tokens: finish reason "length" if that is MaxTokens,
 	// "stop" otherwise.
 	Output []uint32
+	// Stopped says the Output's last token is the model's own end of reply, so that a
+	// reply of exactly MaxTokens tokens finishes with "stop" rather than "length".
+	Stopped bool
 
 	// Arrival is the time of Add.
 	Arrival time.Duration
@@ -253,7 +256,7 @@ func (e *Engine) Step(now time.Duration) (time.Duration, []Event) {
 		}
 		if r.Generated == r.outputLen() {
 			reason := FinishStop
-			if r.Generated == r.MaxTokens {
+			if r.Generated == r.MaxTokens && !(r.Stopped && r.Generated == len(r.Output)) {
 				reason = FinishLength
 			}
 			e.finish(r, reason)

@@ -278,6 +278,22 @@ func TestAddRejectsRequestsThatCannotRun(t *testing.T) {
 	}
 }
 
+// A reply whose last token is the model's own end (Stopped) finishes with stop even at
+// max_tokens; cut before that end, it finishes with length.
+func TestModelEndedReplyFinishesWithStop(t *testing.T) {
+	e := newEngine(t, smallProfile(16, 10))
+	ended := &Request{Prompt: seq(1, 4), MaxTokens: 3, Output: seq(60, 3), Stopped: true}
+	serve(t, e, ended, 0)
+	if ended.Generated != 3 || ended.FinishReason != FinishStop {
+		t.Fatalf("a reply the model ended at max_tokens: generated %d, finish %v; want 3, stop", ended.Generated, ended.FinishReason)
+	}
+	cut := &Request{Prompt: seq(1, 4), MaxTokens: 3, Output: seq(70, 5), Stopped: true}
+	serve(t, e, cut, 0)
+	if cut.FinishReason != FinishLength {
+		t.Fatalf("a reply cut before its end: finish %v, want length", cut.FinishReason)
+	}
+}
+
 // trace runs a seeded workload of overlapping conversations on a small cache (so that there
 // are evictions and preemptions) and returns a digest of every step and the final stats.
 func trace(t testing.TB, seed uint64) (uint64, Stats) {

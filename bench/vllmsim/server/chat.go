@@ -107,11 +107,15 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 
 	seed := promptSeed(s.cfg.Seed, prompt)
 	outputLen := s.cfg.OutputLen.Draw(seed, maxTokens)
+	// A reply whose kind tool_choice decided is one the model ended, whatever its length
+	// (see toolChoice).
+	stopped := outputLen < maxTokens || req.choice != choiceAuto
 	engineReq := &engine.Request{
 		ID:        strconv.FormatUint(requestCounter.Add(1), 10),
 		Prompt:    prompt,
 		MaxTokens: maxTokens,
-		Output:    tokenizer.Reply(seed, outputLen, outputLen < maxTokens),
+		Output:    tokenizer.Reply(seed, outputLen, stopped),
+		Stopped:   stopped,
 	}
 	runner := s.engines[rank]
 	c, err := runner.submit(engineReq)

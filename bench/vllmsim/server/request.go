@@ -18,6 +18,8 @@ type chatRequest struct {
 	maxTokens    *int
 	stream       bool
 	includeUsage bool
+	choice       toolChoice
+	call         toolCall // the call a forced reply makes
 }
 
 // contentBlock is one part of a message's content in either API (text, tool_use,
@@ -100,9 +102,10 @@ type anthropicRequest struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	MaxTokens *int            `json:"max_tokens"`
-	Stream    bool            `json:"stream"`
-	Tools     json.RawMessage `json:"tools"`
+	MaxTokens  *int            `json:"max_tokens"`
+	Stream     bool            `json:"stream"`
+	Tools      json.RawMessage `json:"tools"`
+	ToolChoice json.RawMessage `json:"tool_choice"`
 }
 
 // parseAnthropic reads a POST /v1/messages body: system as a string or text blocks, message
@@ -123,6 +126,9 @@ func parseAnthropic(body []byte) (chatRequest, error) {
 		return chatRequest{}, fmt.Errorf("system: %w", err)
 	}
 	out := chatRequest{model: in.Model, system: withTools(system, in.Tools), maxTokens: in.MaxTokens, stream: in.Stream}
+	if out.choice, out.call, err = parseToolChoice(in.ToolChoice, in.Tools); err != nil {
+		return chatRequest{}, err
+	}
 	for i, m := range in.Messages {
 		text, err := contentText(m.Content, false)
 		if err != nil {
@@ -151,7 +157,8 @@ type openAIRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Tools json.RawMessage `json:"tools"`
+	Tools      json.RawMessage `json:"tools"`
+	ToolChoice json.RawMessage `json:"tool_choice"`
 }
 
 // parseOpenAI reads a POST /v1/chat/completions body. A system (or developer) message renders
@@ -165,6 +172,10 @@ func parseOpenAI(body []byte) (chatRequest, error) {
 		return chatRequest{}, errors.New("messages: at least one message is required")
 	}
 	out := chatRequest{model: in.Model, maxTokens: in.MaxCompletionTokens, stream: in.Stream}
+	var err error
+	if out.choice, out.call, err = parseToolChoice(in.ToolChoice, in.Tools); err != nil {
+		return chatRequest{}, err
+	}
 	if out.maxTokens == nil {
 		out.maxTokens = in.MaxTokens
 	}

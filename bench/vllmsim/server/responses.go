@@ -42,6 +42,7 @@ type responsesRequest struct {
 	MaxOutputTokens    *int            `json:"max_output_tokens"`
 	Stream             bool            `json:"stream"`
 	Tools              json.RawMessage `json:"tools"`
+	ToolChoice         json.RawMessage `json:"tool_choice"`
 	PreviousResponseID string          `json:"previous_response_id"`
 }
 
@@ -69,6 +70,10 @@ func parseResponses(body []byte) (chatRequest, error) {
 		return chatRequest{}, statusError{http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", in.PreviousResponseID)}
 	}
 	out := chatRequest{model: in.Model, maxTokens: in.MaxOutputTokens, stream: in.Stream, system: in.Instructions}
+	var err error
+	if out.choice, out.call, err = parseToolChoice(in.ToolChoice, in.Tools); err != nil {
+		return chatRequest{}, err
+	}
 	raw := bytes.TrimSpace(in.Input)
 	switch {
 	case len(raw) == 0 || string(raw) == "null":
@@ -163,7 +168,8 @@ func (s *Server) responsesUsageOf(u usage) responsesUsage {
 	return out
 }
 
-// responsesReply builds the response object and its one output message.
+// responsesReply builds the response object and its one output item: a message, or with a
+// forced tool_choice a function_call whose arguments carry the text (see toolArgs).
 type responsesReply struct {
 	s            *Server
 	id, msgID    string
@@ -171,6 +177,8 @@ type responsesReply struct {
 	model        string
 	instructions string
 	maxTokens    *int
+	call         *toolCall // nil for a message
+	args         toolArgs
 	reply        strings.Builder // the text so far
 }
 
@@ -180,6 +188,10 @@ func newResponsesWriter(s *Server, w http.ResponseWriter, req chatRequest) reply
 		s: s, id: fmt.Sprintf("resp_%016x", n), msgID: fmt.Sprintf("msg_%016x", n),
 		created: time.Now().Unix(), model: cmpOr(req.model, s.cfg.modelName()),
 		instructions: req.system, maxTokens: req.maxTokens,
+	}
+	if req.choice == choiceTool {
+		reply.msgID = fmt.Sprintf("fc_%016x", n)
+		reply.call, reply.args = &req.call, toolArgs{arg: req.call.arg}
 	}
 	if !req.stream {
 		return &responsesWhole{responsesReply: reply, w: w}
@@ -196,7 +208,18 @@ func (r *responsesReply) outputText() map[string]any {
 	return map[string]any{"type": "output_text", "text": r.reply.String(), "annotations": []any{}, "logprobs": []any{}}
 }
 
-func (r *responsesReply) message(status string) map[string]any {
+// item is the output item in a given status: the message, or the function call.
+func (r *responsesReply) item(status string) map[string]any {
+	if r.call != nil {
+		args := ""
+		if status == "completed" {
+			args = r.args.whole(r.reply.String())
+		}
+		return map[string]any{
+			"id": r.msgID, "type": "function_call", "status": status, "name": r.call.name,
+			"call_id": "call_" + strings.TrimPrefix(r.msgID, "fc_"), "arguments": args,
+		}
+	}
 	content := []any{}
 	if status == "completed" {
 		content = []any{r.outputText()}
@@ -237,13 +260,15 @@ func (r *responsesReply) final(u usage) map[string]any {
 		status = "incomplete"
 	}
 	usage := r.s.responsesUsageOf(u)
-	return r.object(status, []any{r.message("completed")}, &usage)
+	return r.object(status, []any{r.item("completed")}, &usage)
 }
 
 // responsesStream writes vLLM's event sequence for a text reply: response.created,
 // response.in_progress, then at the first token response.output_item.added and
 // response.content_part.added, response.output_text.delta per token, response.output_text.done,
 // response.content_part.done, response.output_item.done, and response.completed with usage.
+// A function call has no content part: response.function_call_arguments.delta per token and
+// response.function_call_arguments.done take the place of the text events.
 // Each event is named (event: TYPE) and carries its type and a sequence_number.
 type responsesStream struct {
 	responsesReply
@@ -259,14 +284,24 @@ func (o *responsesStream) event(kind string, fields map[string]any) {
 }
 
 func (o *responsesStream) first(usage) {
-	o.event("response.output_item.added", map[string]any{"output_index": 0, "item": o.message("in_progress")})
+	o.event("response.output_item.added", map[string]any{"output_index": 0, "item": o.item("in_progress")})
+	if o.call != nil {
+		return
+	}
 	o.event("response.content_part.added", map[string]any{
 		"item_id": o.msgID, "output_index": 0, "content_index": 0,
 		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}, "logprobs": []any{}},
 	})
 }
 
-func (o *responsesStream) delta(piece string) {
+func (o *responsesStream) delta(piece string, last bool) {
+	if o.call != nil {
+		o.reply.WriteString(piece)
+		o.event("response.function_call_arguments.delta", map[string]any{
+			"item_id": o.msgID, "output_index": 0, "delta": o.args.piece(piece, last),
+		})
+		return
+	}
 	if piece == "" {
 		return
 	}
@@ -277,12 +312,21 @@ func (o *responsesStream) delta(piece string) {
 }
 
 func (o *responsesStream) text(piece string) {
-	o.delta(piece)
+	o.delta(piece, false)
 	o.sse.flush()
 }
 
 func (o *responsesStream) end(piece string, u usage) {
-	o.delta(piece)
+	o.delta(piece, true)
+	if o.call != nil {
+		o.event("response.function_call_arguments.done", map[string]any{
+			"item_id": o.msgID, "output_index": 0, "arguments": o.args.whole(o.reply.String()),
+		})
+		o.event("response.output_item.done", map[string]any{"output_index": 0, "item": o.item("completed")})
+		o.event("response.completed", map[string]any{"response": o.final(u)})
+		o.sse.flush()
+		return
+	}
 	text := o.reply.String()
 	o.event("response.output_text.done", map[string]any{
 		"item_id": o.msgID, "output_index": 0, "content_index": 0, "text": text, "logprobs": []any{},
@@ -290,7 +334,7 @@ func (o *responsesStream) end(piece string, u usage) {
 	o.event("response.content_part.done", map[string]any{
 		"item_id": o.msgID, "output_index": 0, "content_index": 0, "part": o.outputText(),
 	})
-	o.event("response.output_item.done", map[string]any{"output_index": 0, "item": o.message("completed")})
+	o.event("response.output_item.done", map[string]any{"output_index": 0, "item": o.item("completed")})
 	o.event("response.completed", map[string]any{"response": o.final(u)})
 	o.sse.flush()
 }

@@ -33,11 +33,13 @@ type responsesObject struct {
 		Reason string `json:"reason"`
 	} `json:"incomplete_details"`
 	Output []struct {
-		ID      string `json:"id"`
-		Type    string `json:"type"`
-		Role    string `json:"role"`
-		Status  string `json:"status"`
-		Content []struct {
+		ID        string `json:"id"`
+		Type      string `json:"type"`
+		Role      string `json:"role"`
+		Status    string `json:"status"`
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+		Content   []struct {
 			Type string `json:"type"`
 			Text string `json:"text"`
 		} `json:"content"`
@@ -109,7 +111,7 @@ func postResponses(t *testing.T, s *Server, body map[string]any, headers ...stri
 		}
 		out.sequence = append(out.sequence, ev.SequenceNumber)
 		switch ev.Type {
-		case "response.output_text.delta":
+		case "response.output_text.delta", "response.function_call_arguments.delta":
 			text.WriteString(ev.Delta)
 		case "response.output_text.done":
 			out.done = ev.Text

@@ -50,6 +50,8 @@ type reply struct {
 	cached     int
 	completion int
 	stop       string
+	tool       string   // the name of the tool called, streamed
+	args       string   // the streamed tool call's arguments, joined
 	events     []string // SSE event names, or data-only events as "data"
 	body       string   // non-streamed body
 	err        error    // a stream that broke off
@@ -100,18 +102,29 @@ func post(t *testing.T, s *Server, path string, body any, headers ...string) rep
 		if data == "[DONE]" {
 			continue
 		}
+		type toolCallDelta struct {
+			Function struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			} `json:"function"`
+		}
 		var ev struct {
 			Delta struct {
-				Text       string `json:"text"`
-				StopReason string `json:"stop_reason"`
+				Text        string `json:"text"`
+				PartialJSON string `json:"partial_json"`
+				StopReason  string `json:"stop_reason"`
 			} `json:"delta"`
+			ContentBlock struct {
+				Name string `json:"name"`
+			} `json:"content_block"`
 			Message struct {
 				Usage anthropicUsage `json:"usage"`
 			} `json:"message"`
 			Usage   json.RawMessage `json:"usage"`
 			Choices []struct {
 				Delta struct {
-					Content string `json:"content"`
+					Content   string          `json:"content"`
+					ToolCalls []toolCallDelta `json:"tool_calls"`
 				} `json:"delta"`
 				FinishReason string `json:"finish_reason"`
 			} `json:"choices"`
@@ -123,7 +136,13 @@ func post(t *testing.T, s *Server, path string, body any, headers ...string) rep
 		for _, c := range ev.Choices {
 			piece += c.Delta.Content
 			out.stop += c.FinishReason
+			for _, call := range c.Delta.ToolCalls {
+				out.tool += call.Function.Name
+				out.args += call.Function.Arguments
+			}
 		}
+		out.tool += ev.ContentBlock.Name
+		out.args += ev.Delta.PartialJSON
 		if piece != "" && text.Len() == 0 {
 			out.ttft = time.Since(sent)
 		}
