@@ -17,9 +17,11 @@ type Arrival struct {
 	PromptBytes int64
 	// Now is the arrival's virtual time.
 	Now time.Duration
-	// TaskEnded is set on a session's last request: its reply ends the
+	// TaskEnded is set on a conversation's last request (a session's last
+	// turn, a sub-agent's, a summarising request): its reply ends the
 	// agent's task (Anthropic's stop_reason end_turn, OpenAI's
-	// finish_reason stop) where every other reply calls a tool. A proxy
+	// finish_reason stop) where every other reply calls a tool, as
+	// agentload asks of the simulator over HTTP. A proxy
 	// reads it in the reply (warden_stop_reason), so a policy may use it
 	// only once the request has ended.
 	TaskEnded bool

@@ -294,7 +294,7 @@ func (s *sim) send(slotIndex int) {
 		},
 	}
 	s.routed++
-	a := Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now, TaskEnded: turn.Last}
+	a := Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now, TaskEnded: turn.Final}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
