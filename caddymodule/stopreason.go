@@ -21,8 +21,9 @@ func init() {
 // StopReason (`warden_stop_reason` in a Caddyfile, before the
 // reverse_proxy whose lb_policy is warden) reads each reply's stop reason
 // as it streams through, for load control: a reply that ended the agent's
-// task (Anthropic's stop_reason end_turn, OpenAI's finish_reason stop: no
-// tool call) hands the conversation back to a person, so its room goes to
+// task (no tool call: Anthropic's stop_reason end_turn, OpenAI's
+// finish_reason stop, a completed Responses reply; see package replyend)
+// hands the conversation back to a person, so its room goes to
 // waiting turns at once instead of after linger. Replies of requests load
 // control did not admit pass untouched and unread.
 type StopReason struct{}

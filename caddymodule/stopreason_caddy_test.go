@@ -58,10 +58,10 @@ func reply(t *testing.T, f *fleet, path, conv, body string) string {
 }
 
 // A reply that ends the agent's task (Anthropic's end_turn, OpenAI's
-// finish_reason stop) frees its conversation's place in load control at
-// once with warden_stop_reason in the site, streamed or not; a reply cut at
-// max_tokens keeps it for linger, and so does every reply without the
-// directive.
+// finish_reason stop, a completed Responses reply without a call) frees its
+// conversation's place in load control at once with warden_stop_reason in
+// the site, streamed or not; a reply cut at max_tokens or calling a tool
+// keeps it for linger, and so does every reply without the directive.
 func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 	sim := startSim(t)
 	block := "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}"
@@ -69,6 +69,12 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 		return fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":"hello"}]}`, maxTokens, stream)
 	}
 	openai := `{"model":"m","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
+	const shell = `{"type":"function","name":"shell","parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}`
+	responses := func(choice string) string {
+		return `{"model":"m","max_output_tokens":100,"stream":true,"input":"hello","tools":[` + shell + `],"tool_choice":"` + choice + `"}`
+	}
+	anthropicTool := `{"model":"m","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hello"}],` +
+		`"tools":[{"name":"Bash","input_schema":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}],"tool_choice":{"type":"any"}}`
 	residents := func(f *fleet) (int, uint64) {
 		st := f.status(t)
 		n := 0
@@ -88,7 +94,10 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 			{"a", "/v1/messages", anthropic(100, false), `"stop_reason":"end_turn"`, 0, 1},
 			{"b", "/v1/messages", anthropic(100, true), `"stop_reason":"end_turn"`, 0, 2},
 			{"c", "/v1/chat/completions", openai, `"finish_reason":"stop"`, 0, 3},
-			{"d", "/v1/messages", anthropic(1, true), `"stop_reason":"max_tokens"`, 1, 3},
+			{"d", "/v1/responses", responses("none"), `"status":"completed"`, 0, 4},
+			{"e", "/v1/messages", anthropic(1, true), `"stop_reason":"max_tokens"`, 1, 4},
+			{"f", "/v1/messages", anthropicTool, `"stop_reason":"tool_use"`, 2, 4},
+			{"g", "/v1/responses", responses("required"), `"type":"function_call"`, 3, 4},
 		}
 		for _, s := range steps {
 			if out := reply(t, f, s.path, s.conv, s.body); !strings.Contains(out, s.says) {

@@ -55,6 +55,32 @@ data: [DONE]
 `, false},
 	{"openai, cut at max_tokens", `{"choices":[{"message":{"content":"…"},"finish_reason":"length"}]}`, false},
 	{"openai, two choices, one calls a tool", `{"choices":[{"finish_reason":"stop"},{"finish_reason":"tool_calls"}]}`, false},
+	{"responses stream, text", `event: response.created
+data: {"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"tool_choice":"none","tools":[]}}
+
+event: response.output_item.added
+data: {"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","role":"assistant","status":"in_progress","content":[]}}
+
+event: response.output_text.delta
+data: {"type":"response.output_text.delta","item_id":"msg_1","delta":"Done."}
+
+event: response.completed
+data: {"type":"response.completed","response":{"id":"resp_1","object":"response","status":"completed","output":[{"id":"msg_1","type":"message","status":"completed","content":[{"type":"output_text","text":"Done."}]}]}}
+
+`, true},
+	{"responses stream, tool call", `event: response.output_item.added
+data: {"type":"response.output_item.added","output_index":0,"item":{"id":"fc_1","type":"function_call","status":"in_progress","name":"shell","arguments":""}}
+
+event: response.function_call_arguments.delta
+data: {"type":"response.function_call_arguments.delta","item_id":"fc_1","delta":"{}"}
+
+event: response.completed
+data: {"type":"response.completed","response":{"status":"completed","output":[{"id":"fc_1","type":"function_call","status":"completed","name":"shell","arguments":"{}"}]}}
+
+`, false},
+	{"responses, cut at max_output_tokens", `{"object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"message","status":"incomplete"}]}`, false},
+	{"responses, text", `{"object":"response","status":"completed","output":[{"type":"message","status":"completed","content":[{"type":"output_text","text":"Done."}]}]}`, true},
+	{"responses, in progress", `{"type":"response.created","response":{"status":"in_progress"}}`, false},
 	{"a model writing about the fields", `{"choices":[{"delta":{"content":"set \"finish_reason\":\"stop\" and \"stop_reason\":\"end_turn\""},"finish_reason":null}]}`, false},
 	{"no reason", `{"error":{"message":"boom"}}`, false},
 	{"a reason too long", `{"stop_reason":"` + strings.Repeat("x", 100) + `"}`, false},
@@ -104,6 +130,20 @@ func TestScannerKeepsLittle(t *testing.T) {
 	s.Write([]byte(`"end_turn"}`))
 	if s.TaskEnded() {
 		t.Fatal("a reason a megabyte of blanks past its key was read")
+	}
+}
+
+// A reply full of fields the scanner matches (a non-streamed reply with many
+// content parts) is read in one pass per key, not one per field.
+func BenchmarkScannerManyFields(b *testing.B) {
+	reply := []byte(`{"object":"response","output":[` + strings.Repeat(`{"type":"output_text","text":"x"},`, 10000) + `{"type":"message"}],"status":"completed"}`)
+	b.SetBytes(int64(len(reply)))
+	for b.Loop() {
+		var s Scanner
+		s.Write(reply)
+		if !s.TaskEnded() {
+			b.Fatal("not ended")
+		}
 	}
 }
 
