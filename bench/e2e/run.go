@@ -95,9 +95,9 @@ var policiesFor = map[string][]string{
 // preset (lab.PolicyAdmissionFarm). Every warden runs behind
 // warden_stop_reason, which load control reads the replies' ends with.
 var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
-	"warden-nosubagents":   fixed("subagents off"),
-	"warden-compaction":    fixed("compaction on"),
-	"warden-nofingerprint": fixed("fingerprint off"),
+	"warden-nosubagents":    fixed("subagents off"),
+	"warden-compaction":     fixed("compaction on"),
+	"warden-nofingerprint":  fixed("fingerprint off"),
 	"warden-admission":      loadControl(""),
 	"warden-admission-farm": loadControl("fill 1.25\n\t\t\t\tquantum off\n\t\t\t\t"),
 }
