@@ -1,14 +1,25 @@
 // Package replyend reads, from a model server's reply as it streams, whether
-// the reply ended the agent's task: a coding agent calls tools turn after
-// turn, and its last reply of a task is text, after which its next request
-// waits for a person. Load control frees such a conversation's room at once
-// instead of keeping it for the agent's next tool turn.
+// the reply ended the agent's task, and the prompt's size and cached part
+// the server reported. A coding agent calls tools turn after turn, and its
+// last reply of a task is text, after which its next request waits for a
+// person: load control frees such a conversation's room at once instead of
+// keeping it for the agent's next tool turn. The token counts are the
+// server's own tokenizer's: load control sizes conversations by them
+// rather than by a guess from the request's bytes.
 //
 // The three APIs agents use say it differently: Anthropic's Messages with
 // stop_reason "end_turn" (not "tool_use"), OpenAI's chat completions with
 // finish_reason "stop" (not "tool_calls"), OpenAI's Responses (Codex) with a
 // response whose status is "completed" and whose output holds no item of a
 // type ending in "_call" (function_call, custom_tool_call, ...).
+//
+// Usage says the same three ways too: Anthropic's input_tokens count only
+// the uncached part when cache_read_input_tokens (and
+// cache_creation_input_tokens) are given, OpenAI's prompt_tokens and the
+// Responses API's input_tokens the whole prompt, with the cached part in
+// prompt_tokens_details.cached_tokens or input_tokens_details.cached_tokens.
+// vLLM reports the cached part only when started with
+// --enable-prompt-tokens-details, and leaves it out when it is 0.
 //
 // The scanner matches these fields in the raw bytes, streamed (SSE) or not,
 // without decoding the JSON: replies are large and streamed in small
@@ -17,15 +28,25 @@
 // and never matches.
 package replyend
 
-import "bytes"
+import (
+	"bytes"
+	"strconv"
+)
 
-// field is what a matched key says of the task.
+// field is what a matched key gives: a reason, a type, a status or a count.
 type field uint8
 
 const (
 	reasonField field = iota // stop_reason, finish_reason
 	typeField                // a Responses output item's type, among others
 	statusField              // a Responses reply's status, or its items'
+	// Token counts.
+	promptField        // prompt_tokens: the whole prompt (OpenAI)
+	inputField         // input_tokens: the whole prompt, or its uncached part (Anthropic)
+	cachedField        // cached_tokens: the cached part (OpenAI, Responses)
+	cacheReadField     // cache_read_input_tokens: the cached part (Anthropic)
+	cacheCreationField // cache_creation_input_tokens: part of the prompt (Anthropic)
+	fields
 )
 
 var keys = [...]struct {
@@ -36,19 +57,20 @@ var keys = [...]struct {
 	{[]byte(`"finish_reason"`), reasonField},
 	{[]byte(`"type"`), typeField},
 	{[]byte(`"status"`), statusField},
+	{[]byte(`"prompt_tokens"`), promptField},
+	{[]byte(`"input_tokens"`), inputField},
+	{[]byte(`"cached_tokens"`), cachedField},
+	{[]byte(`"cache_read_input_tokens"`), cacheReadField},
+	{[]byte(`"cache_creation_input_tokens"`), cacheCreationField},
 }
 
-// maxValue bounds a reason's length and maxSpace the blanks around its
+// maxValue bounds a value's length and maxSpace the blanks around its
 // colon: a field past them is ignored, so that what the scanner keeps
 // between writes stays small whatever the reply holds.
 const (
 	maxValue = 32
 	maxSpace = 16
 )
-
-// keepBytes is how much of a write the next one is scanned with when no
-// field was cut: less than the longest key.
-const keepBytes = len(`"finish_reason"`) - 1
 
 // Scanner watches a reply's bytes. The zero value is ready to use; it is
 // not safe for concurrent use.
@@ -58,6 +80,10 @@ type Scanner struct {
 	// tool call, max_tokens); completed and toolItem: a Responses reply
 	// completed, and an output item that calls a tool.
 	ended, other, completed, toolItem bool
+	// count holds the last value of each token count, seen tells which
+	// were given: a stream may repeat them (message_start, message_delta).
+	count [fields]int
+	seen  [fields]bool
 }
 
 // Write feeds the scanner the reply's next bytes. It never fails.
@@ -67,11 +93,10 @@ func (s *Scanner) Write(p []byte) (int, error) {
 		s.scratch = append(append(s.scratch[:0], s.tail...), p...)
 		buf = s.scratch
 	}
-	keep := s.scan(buf)
-	if keep < 0 {
-		keep = max(0, len(buf)-keepBytes)
+	s.tail = s.tail[:0]
+	if keep := s.scan(buf); keep >= 0 {
+		s.tail = append(s.tail, buf[keep:]...)
 	}
-	s.tail = append(s.tail[:0], buf[keep:]...)
 	return len(p), nil
 }
 
@@ -83,47 +108,105 @@ func (s *Scanner) TaskEnded() bool {
 	return (s.ended || s.completed) && !s.other && !s.toolItem
 }
 
-// scan records the reasons in buf and returns where a field cut by the end
-// of buf starts, or -1.
-func (s *Scanner) scan(buf []byte) int {
-	// next[j] is where keys[j] next occurs at or after i (-1: nowhere), so
-	// that each key's search goes through buf once.
-	var next [len(keys)]int
-	for j := range next {
-		next[j] = -2
+// Usage is the prompt's size and cached part the reply reported, in the
+// server's tokens. Prompt is 0 when the reply gave no usage (an OpenAI
+// stream without stream_options.include_usage, a reply cut short);
+// CacheReported is false when it gave no cached part.
+type Usage struct {
+	PromptTokens, CachedTokens int
+	CacheReported              bool
+}
+
+// Usage reports the usage the reply gave, as far as it was fed.
+func (s *Scanner) Usage() Usage {
+	var u Usage
+	switch {
+	case s.seen[promptField]:
+		u.PromptTokens = s.count[promptField]
+	case s.seen[inputField]:
+		u.PromptTokens = s.count[inputField] + s.count[cacheReadField] + s.count[cacheCreationField]
 	}
+	switch {
+	case s.seen[cachedField]:
+		u.CachedTokens, u.CacheReported = s.count[cachedField], true
+	case s.seen[cacheReadField]:
+		u.CachedTokens, u.CacheReported = s.count[cacheReadField], true
+	}
+	return u
+}
+
+// scan records the fields in buf and returns where a field cut by the end
+// of buf starts, or -1. It goes through buf once, looking at each quote for
+// a key that starts there.
+func (s *Scanner) scan(buf []byte) int {
 	for i := 0; i < len(buf); {
-		at, k := -1, 0
-		for j, key := range keys {
-			if next[j] != -1 && next[j] < i {
-				if n := bytes.Index(buf[i:], key.name); n >= 0 {
-					next[j] = i + n
-				} else {
-					next[j] = -1
-				}
-			}
-			if next[j] >= 0 && (at < 0 || next[j] < at) {
-				at, k = next[j], j
-			}
-		}
-		if at < 0 {
+		q := bytes.IndexByte(buf[i:], '"')
+		if q < 0 {
 			return -1
 		}
+		at := i + q
+		k := keyAt(buf[at:])
+		switch k {
+		case cutKey:
+			return at
+		case noKey:
+			i = at + 1
+			continue
+		}
 		end := at + len(keys[k].name)
-		value, n, cut := reason(buf[end:])
+		value, n, cut := valueAt(buf[end:])
 		if cut {
 			return at
 		}
-		s.note(keys[k].field, value)
+		s.note(keys[k].field, value, n > 0 && buf[end+n-1] == '"')
 		i = end + n
 	}
 	return -1
 }
 
-// note records what a field's value says of the task.
-func (s *Scanner) note(f field, value []byte) {
+// What keyAt finds besides a key's index.
+const (
+	noKey  = -1 // b starts no key
+	cutKey = -2 // b ends inside a key it may start
+)
+
+// keyAt is the index in keys of the key b starts with.
+func keyAt(b []byte) int {
+	if len(b) > 1 && !secondBytes[b[1]] {
+		return noKey // most quotes: decided at one byte
+	}
+	k := noKey
+	for j, key := range keys {
+		switch {
+		case len(b) >= len(key.name):
+			if bytes.Equal(b[:len(key.name)], key.name) {
+				return j
+			}
+		case bytes.HasPrefix(key.name, b):
+			k = cutKey
+		}
+	}
+	return k
+}
+
+// secondBytes marks the bytes that follow the quote of some key.
+var secondBytes = func() (m [256]bool) {
+	for _, key := range keys {
+		m[key.name[1]] = true
+	}
+	return m
+}()
+
+// note records what a field's value (quoted: a string) says of the task,
+// or the count it gives.
+func (s *Scanner) note(f field, value []byte, quoted bool) {
 	switch {
 	case len(value) == 0:
+	case f >= promptField:
+		if n, err := strconv.Atoi(string(value)); err == nil && !quoted {
+			s.count[f], s.seen[f] = n, true
+		}
+	case !quoted: // a reason, type or status is a string
 	case f == typeField:
 		s.toolItem = s.toolItem || bytes.HasSuffix(value, []byte("_call"))
 	case f == statusField:
@@ -135,10 +218,10 @@ func (s *Scanner) note(f field, value []byte) {
 	}
 }
 
-// reason reads `: "value"` or `: null` at the start of b: the value (nil
-// for null or anything else), how many bytes it took, and whether b ends
-// before the value does.
-func reason(b []byte) (value []byte, n int, cut bool) {
+// valueAt reads `: "value"`, `: 123` or `: null` at the start of b: the
+// string's or the number's bytes (nil for null or anything else), how many
+// bytes it took, and whether b ends before the value does.
+func valueAt(b []byte) (value []byte, n int, cut bool) {
 	i, ok := skipSpace(b, 0)
 	if ok && i == len(b) {
 		return nil, 0, true
@@ -150,8 +233,11 @@ func reason(b []byte) (value []byte, n int, cut bool) {
 	if ok && i == len(b) {
 		return nil, 0, true
 	}
+	if ok && isDigit(b[i]) {
+		return number(b, i)
+	}
 	if !ok || b[i] != '"' {
-		return nil, i, false // null, or not a reason
+		return nil, i, false // null, or not a value read
 	}
 	end := bytes.IndexByte(b[i+1:min(len(b), i+2+maxValue)], '"')
 	switch {
@@ -160,8 +246,26 @@ func reason(b []byte) (value []byte, n int, cut bool) {
 	case len(b)-i-1 <= maxValue:
 		return nil, 0, true
 	}
-	return nil, i + 1, false // too long to be a reason
+	return nil, i + 1, false // too long to be a value read
 }
+
+// number reads the digits from b[i]: a count ends with the first
+// non-digit, so digits up to the end of b may go on in the next write.
+func number(b []byte, i int) (value []byte, n int, cut bool) {
+	end := i
+	for end < len(b) && end-i <= maxValue && isDigit(b[end]) {
+		end++
+	}
+	switch {
+	case end-i > maxValue:
+		return nil, end, false // too long to be a count
+	case end == len(b):
+		return nil, 0, true
+	}
+	return b[i:end], end, false
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // skipSpace skips up to maxSpace blanks from i; ok is false past that.
 func skipSpace(b []byte, i int) (int, bool) {
