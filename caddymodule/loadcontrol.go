@@ -24,11 +24,11 @@ const (
 	outcomeCancelled = "cancelled" // its client left while it waited
 )
 
-// admit asks load control whether the request's turn (its prompt about
-// tokens long) may go to a replica now, and holds it in the request's own
-// goroutine while it must wait. It reports false when the turn must not be
-// sent: the queue is full, or its client left while it waited.
-func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, tokens int, pool reverseproxy.UpstreamPool) bool {
+// admit asks load control whether the request's turn may go to a replica
+// now, and holds it in the request's own goroutine while it must wait. It
+// reports false when the turn must not be sent: the queue is full, or its
+// client left while it waited.
+func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, pool reverseproxy.UpstreamPool) bool {
 	if !p.view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
@@ -37,7 +37,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, t
 	start := time.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
-	t := p.view.Admit(held.id.Key, tokens, usable, start, func() { close(ready) })
+	t := p.view.Admit(held.id.Key, held.bodyBytes, usable, start, func() { close(ready) })
 	held.ticket = t
 	if t == nil {
 		return true // affinity off, or no key to hold the turn by
@@ -88,18 +88,15 @@ func retryAfter(linger time.Duration) string {
 	return strconv.Itoa(max(1, int(math.Ceil(linger.Seconds()))))
 }
 
-// promptTokens estimates the request's prompt in tokens: from
+// bodyBytes is the request body's size, which sizes its prompt: from
 // Content-Length, else from what the session key's scan read of the body;
 // 0 when neither tells.
-func promptTokens(r *http.Request) int {
+func bodyBytes(r *http.Request) int64 {
 	n := r.ContentLength
 	if b, ok := r.Body.(replayedBody); ok && n <= 0 {
 		n = int64(b.readAhead)
 	}
-	if n <= 0 {
-		return 0
-	}
-	return selection.EstimateTokens(n)
+	return max(n, 0)
 }
 
 // readBody reads the rest of the request body into memory and hands it on

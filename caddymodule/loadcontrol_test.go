@@ -30,16 +30,17 @@ func TestLoadControlStatus(t *testing.T) {
 		{name: "lc-off", want: LoadControlStatus{
 			Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
-			Quantum: selection.DefaultAdmissionQuantum,
+			Quantum: selection.DefaultAdmissionQuantum, Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}, capacity: 40000},
 		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
 			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1},
-			want:     LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1},
+			want: LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1,
+				Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
 		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: LoadControlStatus{
 			Enabled: true, Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
-			Quantum: selection.DefaultAdmissionQuantum,
+			Quantum: selection.DefaultAdmissionQuantum, Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -255,27 +256,27 @@ func TestSelectLoadControlOff(t *testing.T) {
 			t.Errorf("an unkeyed turn: %q, want routed", addr)
 		}
 	}
-	if st := on.admission(); st != (selection.AdmissionStatus{Enabled: true}) {
+	if st := on.admission(); st != (selection.AdmissionStatus{Enabled: true, BytesPerToken: selection.BytesPerToken}) {
 		t.Errorf("unkeyed turns counted: %+v", st)
 	}
 }
 
-func TestPromptTokens(t *testing.T) {
+func TestBodyBytes(t *testing.T) {
 	cfg := &ModelConfig{}
 	body := strings.Repeat("x", 4000)
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
-	if got := promptTokens(r); got != 1000 {
-		t.Errorf("Content-Length 4000: %d tokens, want 1000", got)
+	if got := bodyBytes(r); got != 4000 {
+		t.Errorf("Content-Length 4000: %d bytes", got)
 	}
 	r.ContentLength = -1 // chunked: what the body scan read
 	sessionKey(r, cfg)
-	if got := promptTokens(r); got != 1000 {
-		t.Errorf("unknown length, 4000 bytes scanned: %d tokens, want 1000", got)
+	if got := bodyBytes(r); got != 4000 {
+		t.Errorf("unknown length, 4000 bytes scanned: %d bytes", got)
 	}
 	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
 	r.ContentLength = -1
-	if got := promptTokens(r); got != 0 {
-		t.Errorf("unknown length, nothing scanned: %d tokens, want 0 (unknown)", got)
+	if got := bodyBytes(r); got != 0 {
+		t.Errorf("unknown length, nothing scanned: %d bytes, want 0 (unknown)", got)
 	}
 }
 

@@ -9,7 +9,9 @@ var (
 	descLoadControlWaiting = desc("load_control_waiting", "Turns held by load control now.", "model")
 	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited), task_ended (its reply ended the agent's task, read by warden_stop_reason: its conversation left at once).", "model", "result")
 	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
-	descResidentTokens     = desc("resident_tokens", "Estimated prompt tokens (body bytes / 4) of the conversations resident on the replica.", replicaLabels...)
+	descResidentTokens     = desc("resident_tokens", "Prompt tokens of the conversations resident on the replica: their last reply's count when warden_stop_reason read it, else their body bytes / the learned bytes per token.", replicaLabels...)
+	descReplyTokens        = desc("load_control_reply_tokens_total", "Prompt tokens the replies of admitted turns reported (read by warden_stop_reason), by turn (resident: its conversation was resident when it arrived; non_resident: the others) and part (prompt: all; cached: found in the prefix cache, reported by vLLM with --enable-prompt-tokens-details).", "model", "turn", "part")
+	descBytesPerToken      = desc("load_control_bytes_per_token", "Request body bytes per prompt token, learned from the replies' prompt sizes; load control sizes turns by it (4 before any reply).", "model")
 	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size; no sample while unknown.", replicaLabels...)
 
 	// loadControlWaitSeconds times every wait in load control's queue. It
@@ -24,7 +26,7 @@ var (
 )
 
 func describeLoadControl(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlTurns, descResidents, descResidentTokens, descKVCapacity} {
+	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlTurns, descReplyTokens, descBytesPerToken, descResidents, descResidentTokens, descKVCapacity} {
 		ch <- d
 	}
 	loadControlWaitSeconds.Describe(ch)
@@ -37,6 +39,11 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadC
 	} {
 		ch <- prometheus.MustNewConstMetric(descLoadControlTurns, prometheus.CounterValue, float64(n), model, result)
 	}
+	for turn, c := range map[string]ReplyTokensStatus{"resident": lc.Replies.Resident, "non_resident": lc.Replies.NonResident} {
+		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.PromptTokens), model, turn, "prompt")
+		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.CachedTokens), model, turn, "cached")
+	}
+	ch <- prometheus.MustNewConstMetric(descBytesPerToken, prometheus.GaugeValue, lc.Replies.BytesPerToken, model)
 }
 
 func collectLoadControlReplica(ch chan<- prometheus.Metric, model string, r ReplicaStatus, on bool) {

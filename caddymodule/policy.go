@@ -127,9 +127,10 @@ type inFlight struct {
 	// or its client left while it waited, so that no retry sends it.
 	ticket     *selection.Ticket
 	turnedAway bool
-	// taskEnded is set by warden_stop_reason when the reply ended the
-	// agent's task.
-	taskEnded atomic.Bool
+	// bodyBytes is the request body's size (0: unknown), and reply what
+	// warden_stop_reason read of the reply, stored before release runs.
+	bodyBytes int64
+	reply     atomic.Pointer[selection.Reply]
 
 	mu sync.Mutex
 	d  selection.Decision
@@ -149,7 +150,11 @@ func (f *inFlight) set(d selection.Decision) {
 // control admits in the room the ticket's end frees sees it.
 func (f *inFlight) release() {
 	f.set(selection.Decision{})
-	f.ticket.End(time.Now(), f.taskEnded.Load())
+	var reply selection.Reply
+	if r := f.reply.Load(); r != nil {
+		reply = *r
+	}
+	f.ticket.End(time.Now(), reply)
 }
 
 // Select picks the upstream of the replica chosen for r. It runs for every
@@ -174,13 +179,14 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if !retry {
 		// A client that chose its replica is not held: load control would
 		// count its conversation where it admits it, not where it goes.
-		req.PromptTokens = promptTokens(r) // once: a retry is the same prompt
-		if req.ClientReplica == "" && !p.admit(r, w, held, req.PromptTokens, pool) {
+		held.bodyBytes = bodyBytes(r) // once: a retry is the same prompt
+		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
 			held.turnedAway = true
 			return nil
 		}
 		context.AfterFunc(ctx, held.release)
 	}
+	req.PromptTokens = p.view.EstimateTokens(held.bodyBytes)
 	req.Now = time.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,

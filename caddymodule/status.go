@@ -77,6 +77,52 @@ type LoadControlStatus struct {
 	Refused   uint64 `json:"refused"`
 	Cancelled uint64 `json:"cancelled"`
 	TaskEnded uint64 `json:"task_ended"`
+	// Replies is what warden_stop_reason read of the admitted turns'
+	// replies.
+	Replies ReplyUsageStatus `json:"replies"`
+}
+
+// ReplyUsageStatus is what the replies of the turns load control admitted
+// reported of their prompts, read by warden_stop_reason.
+type ReplyUsageStatus struct {
+	// Read counts the replies that reported their prompt's size, and
+	// CacheReported those that reported its cached part (vLLM needs
+	// --enable-prompt-tokens-details, and leaves the part out when it is 0).
+	Read          uint64 `json:"read"`
+	CacheReported uint64 `json:"cache_reported"`
+	// BytesPerToken is the request bodies' bytes per prompt token learned
+	// from them, by which load control sizes turns (4 before any reply).
+	BytesPerToken float64 `json:"bytes_per_token"`
+	// Resident adds up the prompts of the turns whose conversation was
+	// resident when they arrived, NonResident those of the others (first
+	// turns, turns that waited). Residency works when the first find most
+	// of their prompt cached.
+	Resident    ReplyTokensStatus `json:"resident"`
+	NonResident ReplyTokensStatus `json:"non_resident"`
+}
+
+// ReplyTokensStatus adds up prompts as their replies reported them.
+type ReplyTokensStatus struct {
+	PromptTokens uint64 `json:"prompt_tokens"`
+	CachedTokens uint64 `json:"cached_tokens"`
+	// CachedPercent is the share of the prompts' tokens found in the prefix
+	// cache; null until a reply reported its cached part.
+	CachedPercent *float64 `json:"cached_percent"`
+}
+
+func replyUsageStatus(a selection.AdmissionStatus) ReplyUsageStatus {
+	tokens := func(c selection.TokenCounts) ReplyTokensStatus {
+		out := ReplyTokensStatus{PromptTokens: c.Prompt, CachedTokens: c.Cached}
+		if a.CacheReplies > 0 && c.Prompt > 0 {
+			p := 100 * float64(c.Cached) / float64(c.Prompt)
+			out.CachedPercent = &p
+		}
+		return out
+	}
+	return ReplyUsageStatus{
+		Read: a.Replies, CacheReported: a.CacheReplies, BytesPerToken: a.BytesPerToken,
+		Resident: tokens(a.Resident), NonResident: tokens(a.NonResident),
+	}
 }
 
 // PinSnapshotStatus is the model's pin snapshot in Caddy's storage: the last
@@ -180,6 +226,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Refused:        st.Admission.Refused,
 			Cancelled:      st.Admission.Cancelled,
 			TaskEnded:      st.Admission.TaskEnded,
+			Replies:        replyUsageStatus(st.Admission),
 		},
 	}
 	if l.store != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-warden/replyend"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func init() {
@@ -20,12 +21,15 @@ func init() {
 
 // StopReason (`warden_stop_reason` in a Caddyfile, before the
 // reverse_proxy whose lb_policy is warden) reads each reply's stop reason
-// as it streams through, for load control: a reply that ended the agent's
-// task (no tool call: Anthropic's stop_reason end_turn, OpenAI's
-// finish_reason stop, a completed Responses reply; see package replyend)
-// hands the conversation back to a person, so its room goes to
-// waiting turns at once instead of after linger. Replies of requests load
-// control did not admit pass untouched and unread.
+// and usage as it streams through, for load control: a reply that ended
+// the agent's task (no tool call: Anthropic's stop_reason end_turn,
+// OpenAI's finish_reason stop, a completed Responses reply; see package
+// replyend) hands the conversation back to a person, so its room goes to
+// waiting turns at once instead of after linger; the prompt's size in the
+// server's tokens sizes its conversation and teaches the bytes per token
+// (selection/tokens.go), its cached part tells whether residency kept the
+// cache. Replies of requests load control did not admit pass untouched and
+// unread.
 type StopReason struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -46,12 +50,17 @@ func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandl
 }
 
 // ServeHTTP passes the request on and tells the turn's ticket, before the
-// request's end releases it, whether the reply ended the agent's task.
+// request's end releases it, whether the reply ended the agent's task and
+// the prompt's size and cached part it reported.
 func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	sw := &stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
 	err := next.ServeHTTP(sw, r)
-	if sw.held != nil && sw.scan.TaskEnded() {
-		sw.held.taskEnded.Store(true)
+	if sw.held != nil {
+		u := sw.scan.Usage()
+		sw.held.reply.Store(&selection.Reply{
+			TaskEnded:    sw.scan.TaskEnded(),
+			PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CacheReported: u.CacheReported,
+		})
 	}
 	return err
 }

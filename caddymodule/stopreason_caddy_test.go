@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
@@ -103,9 +104,14 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 			if out := reply(t, f, s.path, s.conv, s.body); !strings.Contains(out, s.says) {
 				t.Fatalf("%s: the simulator's reply does not say %s:\n%s", s.conv, s.says, out)
 			}
-			if n, ended := residents(f); n != s.residents || ended != s.ended {
-				t.Fatalf("after %s (%s): %d resident, %d tasks ended; want %d and %d", s.conv, s.says, n, ended, s.residents, s.ended)
-			}
+			// The request's end reaches load control just after its
+			// client read the reply.
+			settled(t, func() error {
+				if n, ended := residents(f); n != s.residents || ended != s.ended {
+					return fmt.Errorf("after %s (%s): %d resident, %d tasks ended; want %d and %d", s.conv, s.says, n, ended, s.residents, s.ended)
+				}
+				return nil
+			})
 		}
 	})
 
@@ -116,4 +122,82 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 			t.Fatalf("%d resident, %d tasks ended; want 1 and 0", n, ended)
 		}
 	})
+}
+
+// The prompt sizes and cached parts the simulator's replies report, in each
+// API's words, reach load control through Caddy: it learns the bytes per
+// token, and a conversation's second turn, resident, finds its prompt
+// cached while the first turns found nothing.
+func TestRepliesUsageThroughCaddy(t *testing.T) {
+	sim := startSim(t)
+	f, _ := runCaddy(t, caddySetup{
+		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
+		siteDirectives: "warden_stop_reason",
+	}, sim)
+	// A distinct long message per API, so that only a conversation's own
+	// first turn is cached at its second; every reply calls a tool, so that
+	// no task ends and each conversation stays resident.
+	text := func(api string) string { return strings.Repeat(api+" lorem ipsum dolor sit amet. ", 200) }
+	const (
+		params    = `{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}`
+		anthropic = `"tools":[{"name":"Bash","input_schema":` + params + `}],"tool_choice":{"type":"any"}`
+		openai    = `"tools":[{"type":"function","function":{"name":"bash","parameters":` + params + `}}],"tool_choice":"required"`
+		responses = `"tools":[{"type":"function","name":"shell","parameters":` + params + `}],"tool_choice":"required"`
+	)
+	turns := []struct{ conv, path, body string }{
+		{"anthropic", "/v1/messages", `{"model":"m","max_tokens":8,"stream":true,` + anthropic + `,"messages":[{"role":"user","content":"` + text("anthropic") + `"}]}`},
+		{"openai", "/v1/chat/completions", `{"model":"m","max_tokens":8,"stream":true,"stream_options":{"include_usage":true},` + openai + `,"messages":[{"role":"user","content":"` + text("openai") + `"}]}`},
+		{"responses", "/v1/responses", `{"model":"m","max_output_tokens":8,"stream":true,` + responses + `,"input":"` + text("responses") + `"}`},
+	}
+	for range 2 {
+		for _, turn := range turns {
+			reply(t, f, turn.path, turn.conv, turn.body)
+		}
+	}
+	var got caddymodule.ReplyUsageStatus
+	settled(t, func() error {
+		if got = f.status(t).LoadControl.Replies; got.Read != 6 || got.CacheReported < 3 {
+			return fmt.Errorf("replies read %d (want 6), with a cached part %d (want at least the 3 second turns)", got.Read, got.CacheReported)
+		}
+		return nil
+	})
+	t.Logf("read %d replies (%d with a cached part), %.3f bytes per token; resident %d tokens, %v%% cached; non-resident %d, %v%% cached",
+		got.Read, got.CacheReported, got.BytesPerToken, got.Resident.PromptTokens, deref(got.Resident.CachedPercent), got.NonResident.PromptTokens, deref(got.NonResident.CachedPercent))
+	// The bodies carry the template-less text at 4 bytes per simulator
+	// token, plus some JSON; the chat template adds a few tokens.
+	if got.BytesPerToken < 3.8 || got.BytesPerToken > 4.5 {
+		t.Errorf("learned %.2f bytes per token, want about 4", got.BytesPerToken)
+	}
+	if p := got.Resident.CachedPercent; p == nil || *p < 90 {
+		t.Errorf("resident turns found %v%% of their prompt cached, want over 90%%", deref(p))
+	}
+	if p := got.NonResident.CachedPercent; p == nil || *p > 10 {
+		t.Errorf("first turns found %v%% of their prompt cached, want under 10%%", deref(p))
+	}
+	if got.Resident.PromptTokens < 3*1000 || got.NonResident.PromptTokens != got.Resident.PromptTokens {
+		t.Errorf("prompt tokens: resident %d, non-resident %d; want equal and over 3,000", got.Resident.PromptTokens, got.NonResident.PromptTokens)
+	}
+}
+
+// settled retries check for up to 2 s, until it passes.
+func settled(t *testing.T, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func deref(p *float64) any {
+	if p == nil {
+		return "null"
+	}
+	return *p
 }

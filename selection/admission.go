@@ -79,14 +79,6 @@ func (c AdmissionConfig) withDefaults() AdmissionConfig {
 	return c
 }
 
-// BytesPerToken is how many request-body bytes make a prompt token, about:
-// JSON around English text and code runs near 4.
-const BytesPerToken = 4
-
-// EstimateTokens is a prompt's size in tokens from its request body's size,
-// as load control counts it.
-func EstimateTokens(bodyBytes int64) int { return max(1, int(bodyBytes/BytesPerToken)) }
-
 // TicketState is where a turn stands with load control.
 type TicketState uint8
 
@@ -107,7 +99,8 @@ const (
 type Ticket struct {
 	view     *View
 	key      uint64
-	tokens   int
+	bytes    int64 // the request body's size
+	tokens   int   // the prompt's size, estimated from bytes
 	usable   func(string) bool
 	ready    func()
 	state    TicketState
@@ -138,24 +131,32 @@ type gate struct {
 	queue []*Ticket
 
 	admitted, queued, forced, refused, cancelled, taskEnded uint64
+	// The replies' usage: how many reported it, how many the cached part,
+	// and the tokens of the turns that found their conversation resident
+	// and of the others, to tell whether residency kept caches.
+	replies, cacheReplies uint64
+	resident, nonResident TokenCounts
 }
+
+// TokenCounts adds up replies' prompts and their cached parts.
+type TokenCounts struct{ Prompt, Cached uint64 }
 
 func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{}}
 }
 
 // Admit asks load control whether a turn of the conversation key, whose
-// prompt is about tokens long, may go to a replica now. With load control
+// request body is bodyBytes long (0: unknown), may go to a replica now. With load control
 // off, affinity off or no key, it returns nil: admitted, nothing tracked.
 // A Waiting ticket calls ready, once and outside every lock, when it is
 // admitted; the caller must then Pick, and end the ticket with Done, or
 // leave the queue with Cancel or Force.
-func (v *View) Admit(key uint64, tokens int, usable func(string) bool, now time.Time, ready func()) *Ticket {
+func (v *View) Admit(key uint64, bodyBytes int64, usable func(string) bool, now time.Time, ready func()) *Ticket {
 	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
 		return nil
 	}
 	g := v.router.gate
-	t := &Ticket{view: v, key: key, tokens: max(tokens, 1), usable: usable, ready: ready}
+	t := &Ticket{view: v, key: key, bytes: bodyBytes, tokens: max(v.EstimateTokens(bodyBytes), 1), usable: usable, ready: ready}
 	g.mu.Lock()
 	notify := v.expire(now.UnixNano())
 	switch {
@@ -191,16 +192,31 @@ func (t *Ticket) State() TicketState {
 // turn arrived: load control then expects its prefix to be cached.
 func (t *Ticket) Resident() bool { return t != nil && t.resident }
 
+// Reply is what a turn's reply said, as far as the proxy read it
+// (replyend); the zero value is a reply not read.
+type Reply struct {
+	// TaskEnded: the reply called no tool (Anthropic's stop_reason
+	// end_turn, OpenAI's finish_reason stop), so the agent's task ended.
+	TaskEnded bool
+	// PromptTokens is the prompt's size in the server's tokens (0: not
+	// reported), CachedTokens its part found in the prefix cache, which
+	// CacheReported says the server reported (vLLM needs
+	// --enable-prompt-tokens-details).
+	PromptTokens, CachedTokens int
+	CacheReported              bool
+}
+
 // Done ends an admitted turn: its conversation stays resident for Linger.
 // It is a no-op in any other state, so a deferred Done is always safe.
-func (t *Ticket) Done(now time.Time) { t.End(now, false) }
+func (t *Ticket) Done(now time.Time) { t.End(now, Reply{}) }
 
-// End is Done for a turn whose reply said whether it ended the agent's
-// task: a reply with no tool call (Anthropic's stop_reason end_turn,
-// OpenAI's finish_reason stop) hands the conversation back to a person,
-// whose answer comes far later than Linger, so it leaves at once and its
-// room goes to the turns waiting.
-func (t *Ticket) End(now time.Time, taskEnded bool) {
+// End is Done for a turn whose reply was read. A reply that ended the
+// agent's task hands the conversation back to a person, whose answer comes
+// far later than Linger, so it leaves at once and its room goes to the
+// turns waiting. A reply that reported its prompt's size teaches the
+// router the bytes per token, and sizes the conversation's residency in
+// the server's tokens until its next turn.
+func (t *Ticket) End(now time.Time, reply Reply) {
 	if t == nil {
 		return
 	}
@@ -212,14 +228,24 @@ func (t *Ticket) End(now time.Time, taskEnded bool) {
 	}
 	t.state = Gone
 	t.res.running--
+	underestimated := false
+	if t.view.router.learnTokenSize(t.bytes, reply.PromptTokens) {
+		g.countReply(t.resident, reply)
+		if t.res.running == 0 {
+			underestimated = float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
+			g.resize(t.res, reply.PromptTokens)
+		}
+	}
 	if t.res.running == 0 {
 		q := t.view.cfg.Admission.Quantum
 		switch {
-		case taskEnded:
+		case reply.TaskEnded:
 			g.drop(t.res)
 			g.taskEnded++
 		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
 			g.drop(t.res) // its quantum is used up and others wait: it yields
+		case underestimated && !t.view.fits(t.res.rep):
+			g.drop(t.res) // admitted on a size too small, it overfills its replica
 		default:
 			t.res.idleSince = now.UnixNano()
 			g.pushIdle(t.res)
@@ -317,6 +343,37 @@ func (g *gate) hold(res *resident, sign int) {
 	h.count += sign
 	h.tokens += sign * res.tokens
 	g.held[res.rep] = h
+}
+
+// underestimateSlack is how much larger than its estimate a prompt may turn
+// out before its conversation, should its replica overflow, yields: the
+// bytes per token the router assumed before the replies taught it
+// (BytesPerToken) may be far from the tokenizer's, and a replica filled on
+// sizes too small thrashes for as long as its residents stay.
+const underestimateSlack = 1.05
+
+// fits reports whether what s holds resident fits in its share of cache.
+func (v *View) fits(s *replicaState) bool { return v.hasRoom(s, 0) }
+
+// resize sets what res holds to tokens.
+func (g *gate) resize(res *resident, tokens int) {
+	g.hold(res, -1)
+	res.tokens = tokens
+	g.hold(res, +1)
+}
+
+// countReply adds a reply's usage to the counts of its kind of turn.
+func (g *gate) countReply(resident bool, reply Reply) {
+	g.replies++
+	c := &g.nonResident
+	if resident {
+		c = &g.resident
+	}
+	c.Prompt += uint64(reply.PromptTokens)
+	if reply.CacheReported {
+		g.cacheReplies++
+		c.Cached += uint64(min(reply.CachedTokens, reply.PromptTokens))
+	}
 }
 
 // drop ends res's residency.
@@ -431,6 +488,16 @@ type AdmissionStatus struct {
 	// turns whose reply ended the agent's task, their conversation leaving
 	// at once (Ticket.End).
 	Admitted, Queued, Forced, Refused, Cancelled, TaskEnded uint64
+	// Replies counts the turns whose reply reported its prompt's size, and
+	// CacheReplies those that reported its cached part; BytesPerToken is
+	// the request bodies' bytes per token learned from them.
+	Replies, CacheReplies uint64
+	BytesPerToken         float64
+	// Resident adds up the prompts, and their cached parts, of the turns
+	// whose conversation was resident when they arrived; NonResident those
+	// of the others (a new conversation, or one that waited): residency
+	// works when the first find most of their prompt cached.
+	Resident, NonResident TokenCounts
 }
 
 // residency is what a replica holds resident.
@@ -445,6 +512,8 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]residency 
 		Enabled: v.cfg.Admission.Enabled && v.cfg.Affinity,
 		Waiting: len(g.queue), Admitted: g.admitted, Queued: g.queued,
 		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled, TaskEnded: g.taskEnded,
+		Replies: g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
+		Resident: g.resident, NonResident: g.nonResident,
 	}
 	out := make(map[*replicaState]residency, len(v.replicas))
 	for _, s := range v.replicas {

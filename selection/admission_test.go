@@ -25,7 +25,7 @@ func TestAdmissionHoldsWhatDoesNotFitAndAdmitsInOrder(t *testing.T) {
 	r := admissionRouter(0)
 	var ready []string
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), tokens, nil, t0, func() { ready = append(ready, key) })
+		return r.Admit(HashKey(key), int64(tokens*BytesPerToken), nil, t0, func() { ready = append(ready, key) })
 	}
 	a, b := admit("a", 80), admit("b", 80) // one per replica
 	mustState(t, a, Admitted)
@@ -58,7 +58,7 @@ func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
 	r := admissionRouter(0)
 	var ready []string
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), tokens, nil, t0, func() { ready = append(ready, key) })
+		return r.Admit(HashKey(key), int64(tokens*BytesPerToken), nil, t0, func() { ready = append(ready, key) })
 	}
 	a, b := admit("a", 80), admit("b", 80)
 	c, d := admit("c", 50), admit("d", 40)
@@ -84,10 +84,10 @@ func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
 
 func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
 	r := admissionRouter(0)
-	a := r.Admit(HashKey("a"), 100, nil, t0, nil)
-	b := r.Admit(HashKey("b"), 100, nil, t0, nil)
+	a := r.Admit(HashKey("a"), 100*BytesPerToken, nil, t0, nil)
+	b := r.Admit(HashKey("b"), 100*BytesPerToken, nil, t0, nil)
 	called := false
-	c := r.Admit(HashKey("c"), 100, nil, t0, func() { called = true })
+	c := r.Admit(HashKey("c"), 100*BytesPerToken, nil, t0, func() { called = true })
 	mustState(t, c, Waiting)
 	if !c.Cancel(t0) {
 		t.Fatal("Cancel of a waiting ticket reported it was not waiting")
@@ -112,11 +112,11 @@ func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
 
 func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
 	r := admissionRouter(3)
-	r.Admit(HashKey("a"), 100, nil, t0, nil)
-	r.Admit(HashKey("b"), 100, nil, t0, nil)
+	r.Admit(HashKey("a"), 100*BytesPerToken, nil, t0, nil)
+	r.Admit(HashKey("b"), 100*BytesPerToken, nil, t0, nil)
 	refused := 0
 	for i := range 1000 {
-		if r.Admit(uint64(i+10), 50, nil, t0, nil).State() == Refused {
+		if r.Admit(uint64(i+10), 50*BytesPerToken, nil, t0, nil).State() == Refused {
 			refused++
 		}
 	}
@@ -128,9 +128,9 @@ func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
 
 func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
 	r := admissionRouter(0)
-	r.Admit(HashKey("a"), 100, nil, t0, nil)
-	r.Admit(HashKey("b"), 100, nil, t0, nil)
-	c := r.Admit(HashKey("c"), 100, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
+	r.Admit(HashKey("a"), 100*BytesPerToken, nil, t0, nil)
+	r.Admit(HashKey("b"), 100*BytesPerToken, nil, t0, nil)
+	c := r.Admit(HashKey("c"), 100*BytesPerToken, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
 	if !c.Force(t0.Add(time.Minute)) {
 		t.Fatal("Force of a waiting ticket reported it was not waiting")
 	}
@@ -145,11 +145,11 @@ func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
 
 func TestAdmissionOffAdmitsEverything(t *testing.T) {
 	r := newTestRouter(2, Config{})
-	if tk := r.Admit(HashKey("a"), 1<<30, nil, t0, nil); tk != nil || tk.State() != Admitted {
+	if tk := r.Admit(HashKey("a"), 1<<30*BytesPerToken, nil, t0, nil); tk != nil || tk.State() != Admitted {
 		t.Fatal("load control off returned a ticket")
 	}
 	on := admissionRouter(0)
-	if tk := on.Admit(0, 1<<30, nil, t0, nil); tk != nil {
+	if tk := on.Admit(0, 1<<30*BytesPerToken, nil, t0, nil); tk != nil {
 		t.Fatal("an unkeyed request got a ticket")
 	}
 }
@@ -158,7 +158,7 @@ func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 2,
 	}})
-	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100, nil, t0, nil) }
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100*BytesPerToken, nil, t0, nil) }
 	turn("a").Done(t0) // a's first turn: it lingers, nobody waits
 	b := turn("b")
 	mustState(t, b, Waiting)
@@ -178,15 +178,15 @@ func TestAdmissionTaskEndedLeavesAtOnce(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 5,
 	}})
-	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100, nil, t0, nil) }
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100*BytesPerToken, nil, t0, nil) }
 	a := turn("a")
 	b := turn("b")
 	mustState(t, b, Waiting)
-	a.End(t0, false) // a tool call: a lingers, b still waits
+	a.End(t0, Reply{}) // a tool call: a lingers, b still waits
 	mustState(t, b, Waiting)
 	a2 := turn("a")
 	mustState(t, a2, Admitted)
-	a2.End(t0, true)
+	a2.End(t0, Reply{TaskEnded: true})
 	mustState(t, b, Admitted)
 	if a3 := turn("a"); a3.State() != Waiting {
 		t.Fatal("a's next turn did not queue behind b after its task ended")
@@ -213,4 +213,65 @@ func BenchmarkAdmitAmongManyResidents(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A reply that reports its prompt in the server's tokens teaches the bytes
+// per token, and sizes its conversation's residency, so that a tokenizer
+// denser than the assumed 4 bytes per token does not overfill the caches.
+func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
+	}})
+	a := r.Admit(HashKey("a"), 300, nil, t0, nil) // 75 tokens at 4 bytes per token
+	mustState(t, a, Admitted)
+	a.End(t0, Reply{PromptTokens: 100}) // 3 bytes per token: a fills the cache
+	if got := r.View.EstimateTokens(30); got != 10 {
+		t.Fatalf("30 bytes estimated at %d tokens after a reply of 3 bytes per token, want 10", got)
+	}
+	mustState(t, r.Admit(HashKey("b"), 30, nil, t0, nil), Waiting)
+
+	a2 := r.Admit(HashKey("a"), 300, nil, t0, nil)
+	mustState(t, a2, Admitted)
+	a2.End(t0, Reply{PromptTokens: 100, CachedTokens: 90, CacheReported: true})
+	r.Admit(HashKey("a"), 300, nil, t0, nil).End(t0, Reply{PromptTokens: 1}) // 300 bytes per token: not this prompt's size, ignored
+
+	st := r.Status().Admission
+	want := AdmissionStatus{
+		Enabled: true, Waiting: 1, Admitted: 3, Queued: 1, Replies: 2, CacheReplies: 1, BytesPerToken: 3,
+		Resident: TokenCounts{Prompt: 100, Cached: 90}, NonResident: TokenCounts{Prompt: 100},
+	}
+	if st != want {
+		t.Fatalf("status\n%+v, want\n%+v", st, want)
+	}
+}
+
+func TestEstimateTokensOfAnUnknownSize(t *testing.T) {
+	r := newTestRouter(1, Config{})
+	if got := r.View.EstimateTokens(0); got != 0 {
+		t.Fatalf("an unknown body size estimated at %d tokens, want 0", got)
+	}
+	if got := r.View.EstimateTokens(1); got != 1 {
+		t.Fatalf("a 1-byte body estimated at %d tokens, want 1", got)
+	}
+}
+
+// A conversation admitted on a size its reply shows was too small (the
+// bytes per token assumed before replies taught it) leaves at the end of
+// its turn when its replica overflows, so that the replica does not thrash
+// for as long as its residents stay; one sized right stays.
+func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
+	}})
+	a := r.Admit(HashKey("a"), 240, nil, t0, nil) // 60 tokens at 4 bytes per token
+	b := r.Admit(HashKey("b"), 160, nil, t0, nil) // 40
+	mustState(t, a, Admitted)
+	mustState(t, b, Admitted)
+	b.End(t0, Reply{PromptTokens: 41}) // within the slack: stays
+	a.End(t0, Reply{PromptTokens: 80}) // 3 bytes per token: 121 resident of 100
+	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 41 {
+		t.Fatalf("%d resident holding %d tokens, want b alone (41)", got.Residents, got.ResidentTokens)
+	}
+	mustState(t, r.Admit(HashKey("a"), 240, nil, t0, nil), Waiting)
+	mustState(t, r.Admit(HashKey("b"), 160, nil, t0, nil), Admitted)
 }

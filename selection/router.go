@@ -104,9 +104,11 @@ type Router struct {
 	// spreads instead of piling on one replica).
 	placeMu sync.Mutex
 
-	// typicalPrompt is the requests' estimated prompt size in tokens,
-	// smoothed (float64 bits); it outlives config loads like the sessions.
-	typicalPrompt atomic.Uint64
+	// typicalPrompt is the requests' estimated prompt size in tokens, and
+	// bytesPerToken the request bodies' bytes per prompt token as the
+	// replies reported them (tokens.go); both outlive config loads like the
+	// sessions.
+	typicalPrompt, bytesPerToken smoothed
 
 	requests  atomic.Uint64
 	unkeyed   atomic.Uint64
@@ -219,20 +221,7 @@ func (v *View) SpillThreshold() (n int, auto bool) {
 const promptSmoothing = 0.02
 
 // observePrompt folds a request's prompt size into the typical one.
-func (r *Router) observePrompt(tokens int) {
-	for {
-		old := r.typicalPrompt.Load()
-		mean := math.Float64frombits(old)
-		if mean == 0 {
-			mean = float64(tokens)
-		} else {
-			mean += promptSmoothing * (float64(tokens) - mean)
-		}
-		if r.typicalPrompt.CompareAndSwap(old, math.Float64bits(mean)) {
-			return
-		}
-	}
-}
+func (r *Router) observePrompt(tokens int) { r.typicalPrompt.observe(float64(tokens), promptSmoothing) }
 
 // typicalOr1 is TypicalPrompt, or 1 before any request told its size: a
 // request then counts as one.
@@ -242,9 +231,7 @@ func (r *Router) typicalOr1() float64 {
 
 // TypicalPrompt is the requests' prompt size in tokens, smoothed; 0 before
 // any request told its size.
-func (r *Router) TypicalPrompt() float64 {
-	return math.Float64frombits(r.typicalPrompt.Load())
-}
+func (r *Router) TypicalPrompt() float64 { return r.typicalPrompt.value() }
 
 // Replicas lists the view's replicas.
 func (v *View) Replicas() []Replica {

@@ -68,23 +68,23 @@ func newAdmissionPolicy(admission selection.AdmissionConfig) PolicyFactory {
 }
 
 // Hold asks for admission and sends the turn once admitted.
-func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func())) func() bool {
+func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) func() bool {
 	var t *selection.Ticket
 	send := func() {
-		d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: selection.EstimateTokens(a.PromptBytes), Now: virtualTime(p.env.Now())})
+		d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: p.view.EstimateTokens(a.PromptBytes), Now: virtualTime(p.env.Now())})
 		rep, ok := d.Replica()
 		if !ok {
 			t.Done(virtualTime(p.env.Now()))
 			dispatch(-1, nil)
 			return
 		}
-		dispatch(p.index[rep.ID], func() {
+		dispatch(p.index[rep.ID], func(reply selection.Reply) {
 			d.Release()
-			t.End(virtualTime(p.env.Now()), a.TaskEnded)
+			t.End(virtualTime(p.env.Now()), reply)
 		})
 	}
-	tokens := selection.EstimateTokens(a.PromptBytes)
-	t = p.view.Admit(selection.HashKey(a.Key), tokens, nil, virtualTime(a.Now), func() {
+	tokens := p.view.EstimateTokens(a.PromptBytes)
+	t = p.view.Admit(selection.HashKey(a.Key), a.PromptBytes, nil, virtualTime(a.Now), func() {
 		delete(p.waiting, t)
 		send()
 	})

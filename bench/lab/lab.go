@@ -59,6 +59,12 @@ type Config struct {
 	MetricsInterval time.Duration
 	// SpillThreshold is the warden's spill threshold; 0 is auto (max_num_seqs/4).
 	SpillThreshold int
+	// BodyBytesPerToken is the request bodies' bytes per prompt token, as
+	// a proxy sees them; 0 is the simulator's tokenizer, 4 bytes per
+	// token. Another value scales every body's size, as a tokenizer denser
+	// or looser than the simulator's would, while the engines' tokens stay
+	// the same.
+	BodyBytesPerToken float64
 	// Warm keeps one fleet for all runs of a seed instead of a fresh one per
 	// run; each run starts where the last one stopped, after its
 	// ConversationTail.
@@ -109,6 +115,9 @@ func (c Config) Validate() error {
 	}
 	if c.SpillThreshold < 0 {
 		errs = append(errs, fmt.Errorf("spill threshold must be 0 (auto) or positive, got %d", c.SpillThreshold))
+	}
+	if c.BodyBytesPerToken < 0 {
+		errs = append(errs, fmt.Errorf("body bytes per token must be 0 (the simulator's) or positive, got %g", c.BodyBytesPerToken))
 	}
 	errs = append(errs, c.Workload.Validate(), c.Profile.Validate())
 	return errors.Join(errs...)

@@ -88,7 +88,7 @@ func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
 // decide is Pick's choice with the router's decision, whose outcome tests
 // judge: the engine, -1 for none.
 func (p *wardenPolicy) decide(a Arrival) (int, selection.Decision) {
-	d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: selection.EstimateTokens(a.PromptBytes), Now: virtualTime(a.Now)})
+	d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: p.view.EstimateTokens(a.PromptBytes), Now: virtualTime(a.Now)})
 	rep, ok := d.Replica()
 	if !ok {
 		return -1, d

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // Arrival is what a proxy knows of a request when it picks its upstream.
@@ -17,14 +18,6 @@ type Arrival struct {
 	PromptBytes int64
 	// Now is the arrival's virtual time.
 	Now time.Duration
-	// TaskEnded is set on a conversation's last request (a session's last
-	// turn, a sub-agent's, a summarising request): its reply ends the
-	// agent's task (Anthropic's stop_reason end_turn, OpenAI's
-	// finish_reason stop) where every other reply calls a tool, as
-	// agentload asks of the simulator over HTTP. A proxy
-	// reads it in the reply (warden_stop_reason), so a policy may use it
-	// only once the request has ended.
-	TaskEnded bool
 }
 
 // Policy routes requests to engines, as a proxy in front of them would.
@@ -38,10 +31,15 @@ type Policy interface {
 // Holder is a Policy that may hold a request at the proxy before choosing
 // its engine (load control). dispatch is called once, at once or later in
 // virtual time, with the engine (-1: none) and the release to call when the
-// request ends; cancel, called when the run ends first, drops the request
-// and reports whether it was still held.
+// request ends, with what a proxy reads of its reply (warden_stop_reason):
+// a conversation's last request (a session's last turn) ends the agent's
+// task where every other reply calls a tool, as agentload asks of the
+// simulator over HTTP, and the engine's prompt and cached tokens are what
+// vLLM reports in usage; a request that got no whole reply gives the zero
+// Reply. cancel, called when the run ends first, drops the request and
+// reports whether it was still held.
 type Holder interface {
-	Hold(a Arrival, dispatch func(engine int, release func())) (cancel func() bool)
+	Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) (cancel func() bool)
 }
 
 // PolicyFactory builds a policy over env's engines. It may register periodic

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // epoch is the wall-clock instant of virtual time 0, for the Results and the router.
@@ -120,7 +122,8 @@ type slot struct {
 type request struct {
 	slot     int
 	engine   int
-	release  func()
+	release  func(selection.Reply)
+	final    bool // its reply ends the agent's task
 	session  *agentload.Session
 	req      *engine.Request
 	chain    hitbound.Chain // the prompt's block hashes, for the hit bound
@@ -294,11 +297,12 @@ func (s *sim) send(slotIndex int) {
 		},
 	}
 	s.routed++
-	a := Arrival{Key: sl.session.ID, PromptBytes: bodyBytes(turn), Now: s.now, TaskEnded: turn.Final}
+	r.final = turn.Final
+	a := Arrival{Key: sl.session.ID, PromptBytes: s.bodyBytes(turn), Now: s.now}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
-		unhold := h.Hold(a, func(eng int, release func()) {
+		unhold := h.Hold(a, func(eng int, release func(selection.Reply)) {
 			dispatched, sl.unhold = true, nil
 			s.dispatch(r, eng, release)
 		})
@@ -308,11 +312,11 @@ func (s *sim) send(slotIndex int) {
 		return
 	}
 	eng, release := s.policy.Pick(a)
-	s.dispatch(r, eng, release)
+	s.dispatch(r, eng, func(selection.Reply) { release() })
 }
 
 // dispatch sends a routed turn to its engine.
-func (s *sim) dispatch(r *request, eng int, release func()) {
+func (s *sim) dispatch(r *request, eng int, release func(selection.Reply)) {
 	sl := &s.slots[r.slot]
 	sl.current = nil
 	if eng < 0 {
@@ -321,7 +325,7 @@ func (s *sim) dispatch(r *request, eng int, release func()) {
 	}
 	r.engine, r.release = eng, release
 	if err := s.fleet.engines[eng].Add(r.req, s.now); err != nil {
-		release()
+		release(selection.Reply{})
 		s.fail(r, 400, err)
 		return
 	}
@@ -374,7 +378,10 @@ func (s *sim) endStep(eng int) {
 
 // finish records a completed request and sends the session's next turn at once.
 func (s *sim) finish(r *request) {
-	r.release()
+	r.release(selection.Reply{
+		TaskEnded:    r.final,
+		PromptTokens: len(r.req.Prompt), CachedTokens: r.req.CachedTokens, CacheReported: true,
+	})
 	delete(s.byRequest, r.req)
 	s.slots[r.slot].current = nil
 	output := r.req.Output[:r.received]
@@ -412,7 +419,7 @@ func (s *sim) cutInFlight() {
 			continue
 		}
 		s.fleet.engines[r.engine].Abort(r.req)
-		r.release()
+		r.release(selection.Reply{})
 		s.results = append(s.results, s.cutResult(r))
 		s.slots[i].current = nil
 	}
@@ -504,11 +511,14 @@ func promptOf(turn agentload.Turn) []uint32 {
 
 // bodyBytes approximates the Content-Length of the turn's Anthropic request:
 // its texts plus the JSON around them.
-func bodyBytes(turn agentload.Turn) int64 {
+func (s *sim) bodyBytes(turn agentload.Turn) int64 {
 	const envelope, perMessage = 256, 32
 	n := envelope + len(turn.System)
 	for _, m := range turn.Messages {
 		n += perMessage + len(m.Content)
+	}
+	if b := s.env.cfg.BodyBytesPerToken; b > 0 {
+		return int64(math.Round(float64(n) * b / tokenizer.CharsPerToken))
 	}
 	return int64(n)
 }
