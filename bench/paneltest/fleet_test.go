@@ -86,8 +86,8 @@ func startFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	// The pins are shared through Redis, so that the panel shows the store;
-	// load control is on, so that it shows the queue and the residents (the
-	// caches are large: no turn waits).
+	// load control is on, so that it shows the queue, the residents (the
+	// caches are large: no turn waits) and what the replies report.
 	redis := redistest.Start(t)
 	ports := testnet.Addrs(t, 3)
 	admin, site, panelAddr := ports[0], ports[1], ports[2]
@@ -107,6 +107,7 @@ func startFleet(t *testing.T) *fleet {
 	}
 }
 http://%[4]s {
+	warden_stop_reason
 	reverse_proxy %[2]s {
 		lb_policy warden m
 		flush_interval -1

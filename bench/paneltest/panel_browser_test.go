@@ -276,6 +276,19 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 	return problems
 }
 
+// replyUsageLine is the panel's line on the replies' usage, as the admin
+// JSON's numbers give it.
+func replyUsageLine(r caddymodule.ReplyUsageStatus) string {
+	percent := func(p *float64) string {
+		if p == nil {
+			return "—"
+		}
+		return fmt.Sprintf("%.1f%%", *p)
+	}
+	return fmt.Sprintf("Turns of resident conversations found %s of their prompt cached, other turns %s; %.2f bytes per token, from %s replies",
+		percent(r.Resident.CachedPercent), percent(r.NonResident.CachedPercent), r.BytesPerToken, humanize.Comma(int64(r.Read)))
+}
+
 func TestPanelInBrowser(t *testing.T) {
 	browser := startChromium(t)
 	f := startFleet(t)
@@ -351,6 +364,9 @@ func TestPanelInBrowser(t *testing.T) {
 			}
 			if !strings.Contains(page.Text, "Working set: ") || strings.Contains(page.Text, "not known yet") {
 				problems = append(problems, "no working set against the replicas' KV capacity")
+			}
+			if want := replyUsageLine(f.status(t).LoadControl.Replies); !strings.Contains(page.Text, want) {
+				problems = append(problems, fmt.Sprintf("no line %q on the page", want))
 			}
 			for _, c := range convs {
 				if strings.Contains(page.Text, c) {

@@ -148,6 +148,22 @@
       text: "The resident conversations hold more than the replicas' KV caches: some of their prompts will be computed again." })];
   }
 
+  // replyUsage says what the replies read by warden_stop_reason reported:
+  // how much of their prompt the turns of resident conversations found
+  // cached against the other turns, and the bytes per token learned. None
+  // before a reply was read.
+  function replyUsage(lc) {
+    if (!lc.enabled || lc.replies.read === 0) return [];
+    const r = lc.replies;
+    const percent = (p) => p === null ? "—" : p.toFixed(1) + "%";
+    const cached = r.cache_reported > 0
+      ? "Turns of resident conversations found " + percent(r.resident.cached_percent) + " of their prompt cached, other turns " +
+        percent(r.non_resident.cached_percent)
+      : "The replies report no cached part (vLLM needs --enable-prompt-tokens-details)";
+    return [el("p", { className: "note muted", "data-stat": "reply_usage",
+      text: cached + "; " + r.bytes_per_token.toFixed(2) + " bytes per token, from " + r.read.toLocaleString("en-US") + " replies" })];
+  }
+
   // pinStoreBadge shows whether the shared pin store answers; none when the
   // model's pins are local.
   function pinStoreBadge(ps, badge) {
@@ -272,6 +288,7 @@
       ),
       replicaTable(m),
       ...workingSet(m.working_set),
+      ...replyUsage(m.load_control),
       since(m),
       stats(m, generatedAt),
     );
