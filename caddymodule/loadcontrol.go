@@ -37,7 +37,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	start := time.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
-	t := p.view.Admit(held.id.Key, held.bodyBytes, usable, start, func() { close(ready) })
+	t := p.view.Admit(held.id.Key, held.body, usable, start, func() { close(ready) })
 	held.ticket = t
 	if t == nil {
 		return true // affinity off, or no key to hold the turn by
@@ -88,15 +88,17 @@ func retryAfter(linger time.Duration) string {
 	return strconv.Itoa(max(1, int(math.Ceil(linger.Seconds()))))
 }
 
-// bodyBytes is the request body's size, which sizes its prompt: from
-// Content-Length, else from what the session key's scan read of the body;
-// 0 when neither tells.
-func bodyBytes(r *http.Request) int64 {
-	n := r.ContentLength
-	if b, ok := r.Body.(replayedBody); ok && n <= 0 {
-		n = int64(b.readAhead)
+// requestBody is the request body's size, which sizes its prompt: from
+// Content-Length, else from what the session key's scan read of the body,
+// partial unless the scan reached its end; 0 when neither tells.
+func requestBody(r *http.Request) selection.Body {
+	if r.ContentLength > 0 {
+		return selection.Body{Bytes: r.ContentLength}
 	}
-	return max(n, 0)
+	if b, ok := r.Body.(replayedBody); ok {
+		return selection.Body{Bytes: int64(b.readAhead), Partial: !b.whole}
+	}
+	return selection.Body{}
 }
 
 // readBody reads the rest of the request body into memory and hands it on
@@ -109,5 +111,5 @@ func readBody(r *http.Request) {
 		return
 	}
 	body, err := io.ReadAll(r.Body)
-	replay(r, body, err)
+	replay(r, body, err, err == nil)
 }

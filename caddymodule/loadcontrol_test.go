@@ -261,22 +261,36 @@ func TestSelectLoadControlOff(t *testing.T) {
 	}
 }
 
-func TestBodyBytes(t *testing.T) {
-	cfg := &ModelConfig{}
-	body := strings.Repeat("x", 4000)
-	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
-	if got := bodyBytes(r); got != 4000 {
-		t.Errorf("Content-Length 4000: %d bytes", got)
+func TestRequestBody(t *testing.T) {
+	cfg := &ModelConfig{BodyScanBytes: 1000}
+	chunked := func(size int) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", size)))
+		r.ContentLength = -1
+		return r
 	}
-	r.ContentLength = -1 // chunked: what the body scan read
+	for _, c := range []struct {
+		name string
+		r    *http.Request
+		want selection.Body
+	}{
+		{"Content-Length", httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", 4000))), selection.Body{Bytes: 4000}},
+		{"unknown length, scanned to its end", chunked(800), selection.Body{Bytes: 800}},
+		{"unknown length, longer than the scan", chunked(4000), selection.Body{Bytes: 1000, Partial: true}},
+		{"unknown length, not scanned", chunked(800), selection.Body{}},
+	} {
+		if c.name != "unknown length, not scanned" {
+			sessionKey(c.r, cfg)
+		}
+		if got := requestBody(c.r); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	// A waiting turn's body, read whole, is exact.
+	r := chunked(4000)
 	sessionKey(r, cfg)
-	if got := bodyBytes(r); got != 4000 {
-		t.Errorf("unknown length, 4000 bytes scanned: %d bytes", got)
-	}
-	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
-	r.ContentLength = -1
-	if got := bodyBytes(r); got != 0 {
-		t.Errorf("unknown length, nothing scanned: %d bytes, want 0 (unknown)", got)
+	readBody(r)
+	if got := requestBody(r); got != (selection.Body{Bytes: 4000}) {
+		t.Errorf("read whole while waiting: %+v, want 4000 bytes, exact", got)
 	}
 }
 

@@ -127,10 +127,10 @@ type inFlight struct {
 	// or its client left while it waited, so that no retry sends it.
 	ticket     *selection.Ticket
 	turnedAway bool
-	// bodyBytes is the request body's size (0: unknown), and reply what
-	// warden_stop_reason read of the reply, stored before release runs.
-	bodyBytes int64
-	reply     atomic.Pointer[selection.Reply]
+	// body is the request body's size, and reply what warden_stop_reason
+	// read of the reply, stored before release runs.
+	body  selection.Body
+	reply atomic.Pointer[selection.Reply]
 
 	mu sync.Mutex
 	d  selection.Decision
@@ -179,14 +179,14 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if !retry {
 		// A client that chose its replica is not held: load control would
 		// count its conversation where it admits it, not where it goes.
-		held.bodyBytes = bodyBytes(r) // once: a retry is the same prompt
+		held.body = requestBody(r) // once: a retry is the same prompt
 		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
 			held.turnedAway = true
 			return nil
 		}
 		context.AfterFunc(ctx, held.release)
 	}
-	req.PromptTokens = p.view.EstimateTokens(held.bodyBytes)
+	req.PromptTokens = p.view.EstimateTokens(held.body.Bytes)
 	req.Now = time.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,

@@ -33,7 +33,7 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 	prefix := make([]byte, size)
 	n, err := io.ReadFull(r.Body, prefix)
 	prefix = prefix[:n]
-	replay(r, prefix, err)
+	replay(r, prefix, err, err == io.EOF || err == io.ErrUnexpectedEOF)
 	return sessionkey.ReadBody(prefix, ids, fingerprint)
 }
 
@@ -50,12 +50,14 @@ func routeRequest(id sessionkey.Identity) selection.Request {
 }
 
 // replay hands on the body of r whole although its first bytes, read,
-// were read ahead, then err (a read error met), then the rest.
-func replay(r *http.Request, read []byte, err error) {
+// were read ahead, then err (a read error met), then the rest; whole says
+// that the bytes read are the whole body.
+func replay(r *http.Request, read []byte, err error, whole bool) {
 	r.Body = replayedBody{
 		Reader:    io.MultiReader(bytes.NewReader(read), errorReader{err}, r.Body),
 		Closer:    r.Body,
 		readAhead: len(read),
+		whole:     whole,
 	}
 }
 
@@ -64,6 +66,7 @@ type replayedBody struct {
 	io.Reader
 	io.Closer
 	readAhead int
+	whole     bool
 }
 
 // errorReader passes on a read error met while scanning (EOF ends the body

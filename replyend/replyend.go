@@ -25,7 +25,10 @@
 // without decoding the JSON: replies are large and streamed in small
 // pieces, and the fields are the only thing read. A field's name inside a
 // string (a model writing about these APIs) is escaped (\"stop_reason\")
-// and never matches.
+// and never matches. A tool call's input in a whole (not streamed)
+// Anthropic reply is an object whose keys are read like the reply's own,
+// but the reply's stop_reason and usage come after its content and have
+// the last word.
 package replyend
 
 import (
@@ -71,6 +74,10 @@ const (
 	maxValue = 32
 	maxSpace = 16
 )
+
+// maxCount caps a token count, so that the sums of counts cannot overflow
+// whatever a reply claims.
+const maxCount = 1 << 40
 
 // Scanner watches a reply's bytes. The zero value is ready to use; it is
 // not safe for concurrent use.
@@ -204,7 +211,7 @@ func (s *Scanner) note(f field, value []byte, quoted bool) {
 	case len(value) == 0:
 	case f >= promptField:
 		if n, err := strconv.Atoi(string(value)); err == nil && !quoted {
-			s.count[f], s.seen[f] = n, true
+			s.count[f], s.seen[f] = min(n, maxCount), true
 		}
 	case !quoted: // a reason, type or status is a string
 	case f == typeField:

@@ -97,10 +97,13 @@ const (
 // Ticket is one turn's place with load control. Its methods are safe on a
 // nil ticket (load control off), which is always admitted.
 type Ticket struct {
-	view     *View
-	key      uint64
-	bytes    int64 // the request body's size
-	tokens   int   // the prompt's size, estimated from bytes
+	view   *View
+	key    uint64
+	body   Body
+	tokens int // the prompt's size, estimated from the body's
+	// assumed: the estimate took BytesPerToken, no reply having taught
+	// the router yet.
+	assumed  bool
 	usable   func(string) bool
 	ready    func()
 	state    TicketState
@@ -145,18 +148,28 @@ func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{}}
 }
 
+// Body is a request body's size as the proxy knows it.
+type Body struct {
+	Bytes int64 // 0: unknown
+	// Partial: Bytes counts only what was read of a body whose length was
+	// not announced, a lower bound; its reply's prompt size then teaches
+	// nothing of the bytes per token.
+	Partial bool
+}
+
 // Admit asks load control whether a turn of the conversation key, whose
-// request body is bodyBytes long (0: unknown), may go to a replica now. With load control
+// request body is body, may go to a replica now. With load control
 // off, affinity off or no key, it returns nil: admitted, nothing tracked.
 // A Waiting ticket calls ready, once and outside every lock, when it is
 // admitted; the caller must then Pick, and end the ticket with Done, or
 // leave the queue with Cancel or Force.
-func (v *View) Admit(key uint64, bodyBytes int64, usable func(string) bool, now time.Time, ready func()) *Ticket {
+func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.Time, ready func()) *Ticket {
 	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
 		return nil
 	}
 	g := v.router.gate
-	t := &Ticket{view: v, key: key, bytes: bodyBytes, tokens: max(v.EstimateTokens(bodyBytes), 1), usable: usable, ready: ready}
+	t := &Ticket{view: v, key: key, body: body, tokens: max(v.EstimateTokens(body.Bytes), 1),
+		assumed: !v.router.learnedBytesPerToken(), usable: usable, ready: ready}
 	g.mu.Lock()
 	notify := v.expire(now.UnixNano())
 	switch {
@@ -213,9 +226,9 @@ func (t *Ticket) Done(now time.Time) { t.End(now, Reply{}) }
 // End is Done for a turn whose reply was read. A reply that ended the
 // agent's task hands the conversation back to a person, whose answer comes
 // far later than Linger, so it leaves at once and its room goes to the
-// turns waiting. A reply that reported its prompt's size teaches the
-// router the bytes per token, and sizes the conversation's residency in
-// the server's tokens until its next turn.
+// turns waiting. A reply that reported its prompt's size sizes the
+// conversation's residency in the server's tokens until its next turn, and
+// teaches the router the bytes per token.
 func (t *Ticket) End(now time.Time, reply Reply) {
 	if t == nil {
 		return
@@ -229,10 +242,13 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	t.state = Gone
 	t.res.running--
 	underestimated := false
-	if t.view.router.learnTokenSize(t.bytes, reply.PromptTokens) {
+	if reply.PromptTokens > 0 {
+		if !t.body.Partial {
+			t.view.router.learnTokenSize(t.body.Bytes, reply.PromptTokens)
+		}
 		g.countReply(t.resident, reply)
 		if t.res.running == 0 {
-			underestimated = float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
+			underestimated = t.assumed && float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
 			g.resize(t.res, reply.PromptTokens)
 		}
 	}
@@ -345,11 +361,13 @@ func (g *gate) hold(res *resident, sign int) {
 	g.held[res.rep] = h
 }
 
-// underestimateSlack is how much larger than its estimate a prompt may turn
-// out before its conversation, should its replica overflow, yields: the
-// bytes per token the router assumed before the replies taught it
-// (BytesPerToken) may be far from the tokenizer's, and a replica filled on
-// sizes too small thrashes for as long as its residents stay.
+// underestimateSlack is how much larger than its estimate a prompt sized
+// before any reply taught the bytes per token may turn out before its
+// conversation, should its replica overflow, yields: the assumed
+// BytesPerToken may be far from the tokenizer's, and a replica filled at
+// start on sizes too small thrashes for as long as its residents stay.
+// Later turns are sized at the learned bytes per token; a conversation
+// denser than the mean is not made to yield turn after turn.
 const underestimateSlack = 1.05
 
 // fits reports whether what s holds resident fits in its share of cache.

@@ -25,7 +25,7 @@ func TestAdmissionHoldsWhatDoesNotFitAndAdmitsInOrder(t *testing.T) {
 	r := admissionRouter(0)
 	var ready []string
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), int64(tokens*BytesPerToken), nil, t0, func() { ready = append(ready, key) })
+		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, func() { ready = append(ready, key) })
 	}
 	a, b := admit("a", 80), admit("b", 80) // one per replica
 	mustState(t, a, Admitted)
@@ -58,7 +58,7 @@ func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
 	r := admissionRouter(0)
 	var ready []string
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), int64(tokens*BytesPerToken), nil, t0, func() { ready = append(ready, key) })
+		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, func() { ready = append(ready, key) })
 	}
 	a, b := admit("a", 80), admit("b", 80)
 	c, d := admit("c", 50), admit("d", 40)
@@ -84,10 +84,10 @@ func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
 
 func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
 	r := admissionRouter(0)
-	a := r.Admit(HashKey("a"), 100*BytesPerToken, nil, t0, nil)
-	b := r.Admit(HashKey("b"), 100*BytesPerToken, nil, t0, nil)
+	a := r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	b := r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
 	called := false
-	c := r.Admit(HashKey("c"), 100*BytesPerToken, nil, t0, func() { called = true })
+	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { called = true })
 	mustState(t, c, Waiting)
 	if !c.Cancel(t0) {
 		t.Fatal("Cancel of a waiting ticket reported it was not waiting")
@@ -112,11 +112,11 @@ func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
 
 func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
 	r := admissionRouter(3)
-	r.Admit(HashKey("a"), 100*BytesPerToken, nil, t0, nil)
-	r.Admit(HashKey("b"), 100*BytesPerToken, nil, t0, nil)
+	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
 	refused := 0
 	for i := range 1000 {
-		if r.Admit(uint64(i+10), 50*BytesPerToken, nil, t0, nil).State() == Refused {
+		if r.Admit(uint64(i+10), Body{Bytes: 50 * BytesPerToken}, nil, t0, nil).State() == Refused {
 			refused++
 		}
 	}
@@ -128,9 +128,9 @@ func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
 
 func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
 	r := admissionRouter(0)
-	r.Admit(HashKey("a"), 100*BytesPerToken, nil, t0, nil)
-	r.Admit(HashKey("b"), 100*BytesPerToken, nil, t0, nil)
-	c := r.Admit(HashKey("c"), 100*BytesPerToken, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
+	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
 	if !c.Force(t0.Add(time.Minute)) {
 		t.Fatal("Force of a waiting ticket reported it was not waiting")
 	}
@@ -145,11 +145,11 @@ func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
 
 func TestAdmissionOffAdmitsEverything(t *testing.T) {
 	r := newTestRouter(2, Config{})
-	if tk := r.Admit(HashKey("a"), 1<<30*BytesPerToken, nil, t0, nil); tk != nil || tk.State() != Admitted {
+	if tk := r.Admit(HashKey("a"), Body{Bytes: 1 << 30 * BytesPerToken}, nil, t0, nil); tk != nil || tk.State() != Admitted {
 		t.Fatal("load control off returned a ticket")
 	}
 	on := admissionRouter(0)
-	if tk := on.Admit(0, 1<<30*BytesPerToken, nil, t0, nil); tk != nil {
+	if tk := on.Admit(0, Body{Bytes: 1 << 30 * BytesPerToken}, nil, t0, nil); tk != nil {
 		t.Fatal("an unkeyed request got a ticket")
 	}
 }
@@ -158,7 +158,7 @@ func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 2,
 	}})
-	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100*BytesPerToken, nil, t0, nil) }
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil) }
 	turn("a").Done(t0) // a's first turn: it lingers, nobody waits
 	b := turn("b")
 	mustState(t, b, Waiting)
@@ -178,7 +178,7 @@ func TestAdmissionTaskEndedLeavesAtOnce(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 5,
 	}})
-	turn := func(key string) *Ticket { return r.Admit(HashKey(key), 100*BytesPerToken, nil, t0, nil) }
+	turn := func(key string) *Ticket { return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil) }
 	a := turn("a")
 	b := turn("b")
 	mustState(t, b, Waiting)
@@ -204,12 +204,12 @@ func BenchmarkAdmitAmongManyResidents(b *testing.B) {
 		b.Run(fmt.Sprint(residents), func(b *testing.B) {
 			r := newTestRouter(4, Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1 << 30, Linger: time.Hour}})
 			for i := range residents {
-				r.Admit(uint64(i+1), 1, nil, t0, nil).Done(t0)
+				r.Admit(uint64(i+1), Body{Bytes: 1}, nil, t0, nil).Done(t0)
 			}
 			now := t0.Add(time.Second)
 			b.ReportAllocs()
 			for b.Loop() {
-				r.Admit(1, 1, nil, now, nil).Done(now)
+				r.Admit(1, Body{Bytes: 1}, nil, now, nil).Done(now)
 			}
 		})
 	}
@@ -222,23 +222,25 @@ func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	a := r.Admit(HashKey("a"), 300, nil, t0, nil) // 75 tokens at 4 bytes per token
+	a := r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil) // 75 tokens at 4 bytes per token
 	mustState(t, a, Admitted)
 	a.End(t0, Reply{PromptTokens: 100}) // 3 bytes per token: a fills the cache
 	if got := r.View.EstimateTokens(30); got != 10 {
 		t.Fatalf("30 bytes estimated at %d tokens after a reply of 3 bytes per token, want 10", got)
 	}
-	mustState(t, r.Admit(HashKey("b"), 30, nil, t0, nil), Waiting)
+	mustState(t, r.Admit(HashKey("b"), Body{Bytes: 30}, nil, t0, nil), Waiting)
 
-	a2 := r.Admit(HashKey("a"), 300, nil, t0, nil)
+	a2 := r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil)
 	mustState(t, a2, Admitted)
 	a2.End(t0, Reply{PromptTokens: 100, CachedTokens: 90, CacheReported: true})
-	r.Admit(HashKey("a"), 300, nil, t0, nil).End(t0, Reply{PromptTokens: 1}) // 300 bytes per token: not this prompt's size, ignored
+	// 30 bytes per token (an image, say): the bytes per token learned stay,
+	// but a's residency takes the server's count, and b fits beside it.
+	r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil).End(t0, Reply{PromptTokens: 10})
 
 	st := r.Status().Admission
 	want := AdmissionStatus{
-		Enabled: true, Waiting: 1, Admitted: 3, Queued: 1, Replies: 2, CacheReplies: 1, BytesPerToken: 3,
-		Resident: TokenCounts{Prompt: 100, Cached: 90}, NonResident: TokenCounts{Prompt: 100},
+		Enabled: true, Admitted: 4, Queued: 1, Replies: 3, CacheReplies: 1, BytesPerToken: 3,
+		Resident: TokenCounts{Prompt: 110, Cached: 90}, NonResident: TokenCounts{Prompt: 100},
 	}
 	if st != want {
 		t.Fatalf("status\n%+v, want\n%+v", st, want)
@@ -258,13 +260,14 @@ func TestEstimateTokensOfAnUnknownSize(t *testing.T) {
 // A conversation admitted on a size its reply shows was too small (the
 // bytes per token assumed before replies taught it) leaves at the end of
 // its turn when its replica overflows, so that the replica does not thrash
-// for as long as its residents stay; one sized right stays.
+// for as long as its residents stay; one sized right stays, and so does one
+// sized at the learned bytes per token.
 func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	a := r.Admit(HashKey("a"), 240, nil, t0, nil) // 60 tokens at 4 bytes per token
-	b := r.Admit(HashKey("b"), 160, nil, t0, nil) // 40
+	a := r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
+	b := r.Admit(HashKey("b"), Body{Bytes: 160}, nil, t0, nil) // 40
 	mustState(t, a, Admitted)
 	mustState(t, b, Admitted)
 	b.End(t0, Reply{PromptTokens: 41}) // within the slack: stays
@@ -272,6 +275,13 @@ func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 41 {
 		t.Fatalf("%d resident holding %d tokens, want b alone (41)", got.Residents, got.ResidentTokens)
 	}
-	mustState(t, r.Admit(HashKey("a"), 240, nil, t0, nil), Waiting)
-	mustState(t, r.Admit(HashKey("b"), 160, nil, t0, nil), Admitted)
+	mustState(t, r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil), Waiting)
+	b2 := r.Admit(HashKey("b"), Body{Bytes: 160}, nil, t0, nil)
+	mustState(t, b2, Admitted)
+	// Sized at the learned bytes per token, a turn denser than the mean
+	// keeps its residency though its replica overflows.
+	b2.End(t0, Reply{PromptTokens: 120})
+	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 120 {
+		t.Fatalf("%d resident holding %d tokens, want b (120)", got.Residents, got.ResidentTokens)
+	}
 }

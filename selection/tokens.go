@@ -19,8 +19,8 @@ const BytesPerToken = 4
 // token: it settles within a few dozen replies.
 const tokenSmoothing = 0.05
 
-// Bytes per token a reply may teach: outside, the reply (or the body size
-// it is matched with) is not a prompt's.
+// Bytes per token a reply may teach: outside, the prompt is not text alone
+// (base64 images count far more bytes than tokens) or the pair is wrong.
 const (
 	minBytesPerToken = 1
 	maxBytesPerToken = 16
@@ -45,19 +45,22 @@ func (r *Router) BytesPerToken() float64 {
 }
 
 // learnTokenSize folds a reply's prompt size, in the server's tokens, and
-// its request body's size into the learned bytes per token. It reports
-// false, learning nothing, when the two cannot be the same prompt's.
-func (r *Router) learnTokenSize(bodyBytes int64, promptTokens int) bool {
+// its request body's size into the learned bytes per token; a pair that
+// cannot be the same text's (images, a body cut short) teaches nothing.
+func (r *Router) learnTokenSize(bodyBytes int64, promptTokens int) {
 	if bodyBytes <= 0 || promptTokens <= 0 {
-		return false
+		return
 	}
 	b := float64(bodyBytes) / float64(promptTokens)
 	if b < minBytesPerToken || b > maxBytesPerToken {
-		return false
+		return
 	}
 	r.bytesPerToken.observe(b, tokenSmoothing)
-	return true
 }
+
+// learnedBytesPerToken reports whether a reply has taught the bytes per
+// token yet.
+func (r *Router) learnedBytesPerToken() bool { return r.bytesPerToken.value() > 0 }
 
 // smoothed is an exponentially weighted mean, safe for concurrent use; 0
 // before its first value, which it takes whole.
