@@ -13,6 +13,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // startSim runs the vLLM simulator on a free loopback port until the test
@@ -106,11 +107,9 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 			}
 			// The request's end reaches load control just after its
 			// client read the reply.
-			settled(t, func() error {
-				if n, ended := residents(f); n != s.residents || ended != s.ended {
-					return fmt.Errorf("after %s (%s): %d resident, %d tasks ended; want %d and %d", s.conv, s.says, n, ended, s.residents, s.ended)
-				}
-				return nil
+			testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d resident and %d tasks ended after %s (%s)", s.residents, s.ended, s.conv, s.says), func() bool {
+				n, ended := residents(f)
+				return n == s.residents && ended == s.ended
 			})
 		}
 	})
@@ -155,11 +154,9 @@ func TestRepliesUsageThroughCaddy(t *testing.T) {
 		}
 	}
 	var got caddymodule.ReplyUsageStatus
-	settled(t, func() error {
-		if got = f.status(t).LoadControl.Replies; got.Read != 6 || got.CacheReported < 3 {
-			return fmt.Errorf("replies read %d (want 6), with a cached part %d (want at least the 3 second turns)", got.Read, got.CacheReported)
-		}
-		return nil
+	testrun.Eventually(t, 2*time.Second, "6 replies read, at least the 3 second turns' with a cached part", func() bool {
+		got = f.status(t).LoadControl.Replies
+		return got.Read == 6 && got.CacheReported >= 3
 	})
 	t.Logf("read %d replies (%d with a cached part), %.3f bytes per token; resident %d tokens, %v%% cached; non-resident %d, %v%% cached",
 		got.Read, got.CacheReported, got.BytesPerToken, got.Resident.PromptTokens, deref(got.Resident.CachedPercent), got.NonResident.PromptTokens, deref(got.NonResident.CachedPercent))
@@ -176,22 +173,6 @@ func TestRepliesUsageThroughCaddy(t *testing.T) {
 	}
 	if got.Resident.PromptTokens < 3*1000 || got.NonResident.PromptTokens != got.Resident.PromptTokens {
 		t.Errorf("prompt tokens: resident %d, non-resident %d; want equal and over 3,000", got.Resident.PromptTokens, got.NonResident.PromptTokens)
-	}
-}
-
-// settled retries check for up to 2 s, until it passes.
-func settled(t *testing.T, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
