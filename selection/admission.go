@@ -168,8 +168,8 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 		return nil
 	}
 	g := v.router.gate
-	t := &Ticket{view: v, key: key, body: body, tokens: max(v.EstimateTokens(body.Bytes), 1),
-		assumed: !v.router.learnedBytesPerToken(), usable: usable, ready: ready}
+	t := &Ticket{view: v, key: key, body: body, usable: usable, ready: ready}
+	t.estimate()
 	g.mu.Lock()
 	notify := v.expire(now.UnixNano())
 	switch {
@@ -188,6 +188,16 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	g.mu.Unlock()
 	runAll(notify)
 	return t
+}
+
+// estimate sizes the turn's prompt at the bytes per token learned so far.
+// A queued turn is sized again when it is admitted: the replies that ended
+// while it waited may have taught the bytes per token, and a turn sized on
+// the assumed ones would fill its replica past its share of cache for as
+// long as its conversation stays.
+func (t *Ticket) estimate() {
+	t.tokens = max(t.view.EstimateTokens(t.body.Bytes), 1)
+	t.assumed = !t.view.router.learnedBytesPerToken()
 }
 
 // State reports where the ticket stands.
@@ -308,6 +318,7 @@ func (t *Ticket) Force(now time.Time) bool {
 	}
 	g.unqueue(t)
 	g.forced++
+	t.estimate()
 	rep := t.view.router.pinOf(t.key, now.UnixNano(), int64(t.view.cfg.SessionTTL))
 	if rep == nil || !t.view.usable(rep, t.usable) {
 		rep = t.view.leastLoaded(t.usable, t.key, true)
@@ -445,6 +456,7 @@ func (v *View) admitQueued(now int64) []func() {
 // for its tokens (g.mu held), moving the pin to where it is admitted.
 func (v *View) admitOne(t *Ticket, now int64) bool {
 	r := v.router
+	t.estimate()
 	pin := r.pinOf(t.key, now, int64(v.cfg.SessionTTL))
 	if pin != nil && v.usable(pin, t.usable) && v.hasRoom(pin, t.tokens) {
 		r.gate.admit(t, pin)

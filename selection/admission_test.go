@@ -247,6 +247,30 @@ func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
 	}
 }
 
+// A turn that waited is sized again when admitted, at the bytes per token
+// the replies taught meanwhile: sized on the assumed ones it would fill its
+// replica past its share for as long as its conversation stays resident.
+func TestAdmissionSizesAQueuedTurnWhenAdmitted(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
+	}})
+	a := r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
+	mustState(t, a, Admitted)
+	b := r.Admit(HashKey("b"), Body{Bytes: 240}, nil, t0, nil) // 60 more would overfill
+	mustState(t, b, Waiting)
+	a.End(t0, Reply{PromptTokens: 80, TaskEnded: true}) // 3 bytes per token; a leaves
+	mustState(t, b, Admitted)
+	if got := r.Status().Replicas[0]; got.ResidentTokens != 80 {
+		t.Fatalf("b resident on %d tokens, want 80 (240 bytes at the 3 bytes per token learned while it waited)", got.ResidentTokens)
+	}
+	// Sized at the learned bytes per token, b is not made to yield though
+	// its reply is denser than the mean.
+	b.End(t0, Reply{PromptTokens: 90})
+	if got := r.Status().Replicas[0]; got.Residents != 1 {
+		t.Fatalf("%d residents after b's turn, want b still resident", got.Residents)
+	}
+}
+
 func TestEstimateTokensOfAnUnknownSize(t *testing.T) {
 	r := newTestRouter(1, Config{})
 	if got := r.View.EstimateTokens(0); got != 0 {
