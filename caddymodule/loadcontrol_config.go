@@ -42,6 +42,11 @@ type LoadControlConfig struct {
 	// while others wait; it then yields at the end of its turn instead of
 	// lingering (default 3; -1 never yields).
 	Quantum int `json:"quantum,omitempty"`
+	// Stagger is how long a replica filling from empty waits between two
+	// new conversations, until one of its residents leaves, so that agents
+	// launched together do not grow together past its cache (default 0:
+	// off).
+	Stagger caddy.Duration `json:"stagger,omitempty"`
 }
 
 // admission is the routing core's form of c; nil is off.
@@ -57,6 +62,7 @@ func (c *LoadControlConfig) admission() selection.AdmissionConfig {
 		MaxWait:        time.Duration(c.MaxWait),
 		MaxQueue:       c.MaxQueue,
 		Quantum:        c.Quantum,
+		Stagger:        time.Duration(c.Stagger),
 	}
 }
 
@@ -69,6 +75,8 @@ func (c *LoadControlConfig) validate() error {
 		return fmt.Errorf("load_control: fill must be a positive number (0 for the default, %g)", selection.DefaultAdmissionFill)
 	case c.Linger < 0, c.MaxWait < 0:
 		return errors.New("load_control: linger and max_wait must be positive durations (0 for the defaults)")
+	case c.Stagger < 0:
+		return errors.New("load_control: stagger must not be negative (0 is off)")
 	case c.MaxQueue < 0:
 		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
 	case c.CapacityTokens < 0:
@@ -105,8 +113,13 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 			c.CapacityTokens, err = capacityTokens(d)
 		case "quantum":
 			c.Quantum, err = quantum(d)
+		case "stagger":
+			var v *caddy.Duration
+			if v, err = durationOrOff(d); v != nil {
+				c.Stagger = *v
+			}
 		default:
-			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue, capacity_tokens or quantum", opt)
+			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum or stagger", opt)
 		}
 		if err != nil {
 			return nil, err

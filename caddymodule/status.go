@@ -63,6 +63,9 @@ type LoadControlStatus struct {
 	// Quantum is the turns a resident keeps its place while others wait,
 	// -1 when it never yields.
 	Quantum int `json:"quantum"`
+	// StaggerSeconds is how long a replica filling from empty waits
+	// between two new conversations; 0 is off.
+	StaggerSeconds float64 `json:"stagger_s"`
 	// Waiting is the number of turns held now.
 	Waiting int `json:"waiting"`
 	// Admitted counts turns admitted, at once or after waiting (forced
@@ -219,6 +222,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			MaxQueue:       admission.MaxQueue,
 			CapacityTokens: admission.CapacityTokens,
 			Quantum:        admission.Quantum,
+			StaggerSeconds: admission.Stagger.Seconds(),
 			Waiting:        st.Admission.Waiting,
 			Admitted:       st.Admission.Admitted,
 			Queued:         st.Admission.Queued,

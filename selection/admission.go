@@ -58,6 +58,11 @@ type AdmissionConfig struct {
 	// spread over conversations' turns rather than all on their first; 0 is
 	// DefaultAdmissionQuantum, negative never yields.
 	Quantum int
+	// Stagger is how long a replica filling from empty waits between two
+	// newcomers, until one of its residents leaves, so that conversations
+	// started together do not grow together past its cache (stagger.go);
+	// 0 is off.
+	Stagger time.Duration
 }
 
 func (c AdmissionConfig) withDefaults() AdmissionConfig {
@@ -127,6 +132,8 @@ type gate struct {
 	mu        sync.Mutex
 	residents map[uint64]*resident
 	held      map[*replicaState]residency // what each replica holds resident
+	// staggering is each replica's state for staggered starts.
+	staggering map[*replicaState]staggering
 	// idle lists the residents with no turn running, in the order their
 	// turns ended, so that expiry looks only at those due, however many
 	// conversations are resident.
@@ -145,7 +152,8 @@ type gate struct {
 type TokenCounts struct{ Prompt, Cached uint64 }
 
 func newGate() *gate {
-	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{}}
+	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
+		staggering: map[*replicaState]staggering{}}
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -410,6 +418,7 @@ func (g *gate) drop(res *resident) {
 	g.unlinkIdle(res)
 	g.hold(res, -1)
 	delete(g.residents, res.key)
+	g.residentLeft(res.rep)
 }
 
 // pushIdle appends res, whose turn just ended, to the idle list.
@@ -462,10 +471,13 @@ func (v *View) admitOne(t *Ticket, now int64) bool {
 		r.gate.admit(t, pin)
 		return true
 	}
-	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.hasRoom(s, t.tokens) })
+	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool {
+		return v.mayTakeNewcomer(s, now) && v.hasRoom(s, t.tokens)
+	})
 	if s == nil {
 		return false
 	}
+	r.gate.tookNewcomer(s, now)
 	r.gate.admit(t, s)
 	r.settle(t.key, s, now)
 	return true

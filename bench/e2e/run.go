@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/lab"
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
@@ -99,7 +100,7 @@ var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
 	"warden-compaction":     fixed("compaction on"),
 	"warden-nofingerprint":  fixed("fingerprint off"),
 	"warden-admission":      loadControl(""),
-	"warden-admission-farm": loadControl("fill 1.25\n\t\t\t\tquantum off\n\t\t\t\t"),
+	"warden-admission-farm": farmLoadControl,
 }
 
 // loadControl is a load_control block with options, its times scaled.
@@ -108,6 +109,11 @@ func loadControl(options string) func(scaled func(time.Duration) string) string 
 		return fmt.Sprintf("load_control {\n\t\t\t\t%slinger %s\n\t\t\t\tmax_wait %s\n\t\t\t}",
 			options, scaled(selection.DefaultAdmissionLinger), scaled(selection.DefaultAdmissionWait))
 	}
+}
+
+// farmLoadControl is the farm preset's block (lab.PolicyAdmissionFarm).
+func farmLoadControl(scaled func(time.Duration) string) string {
+	return loadControl(fmt.Sprintf("fill 1.3\n\t\t\t\tquantum off\n\t\t\t\tstagger %s\n\t\t\t\t", scaled(lab.FarmStagger)))(scaled)
 }
 
 func fixed(option string) func(func(time.Duration) string) string {

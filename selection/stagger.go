@@ -1,0 +1,42 @@
+package selection
+
+// Staggered starts (AdmissionConfig.Stagger). Conversations admitted to a
+// replica together grow together: an agent farm launched at once fills each
+// replica with residents on their first turns, which a few turns later hold
+// far more than the replica's cache, all at the same time, and are replaced,
+// when their tasks end together, by newcomers that start together again.
+// Residents at different points of their tasks keep the sum of their
+// prompts near its mean instead. So a replica filling from empty takes a
+// newcomer at most once per Stagger, until one of its residents leaves;
+// from then on its residents leave at different times, and each newcomer
+// takes a place as it frees. A replica with no resident takes one at once.
+
+// staggering is a replica's state for staggered starts.
+type staggering struct {
+	lastNewcomer int64 // when it last took a conversation not pinned to it
+	settled      bool  // a resident has left it since it was last empty
+}
+
+// mayTakeNewcomer reports whether s may take a conversation not pinned to it
+// now (g.mu held).
+func (v *View) mayTakeNewcomer(s *replicaState, now int64) bool {
+	g := v.router.gate
+	st, ok := g.staggering[s]
+	return v.cfg.Admission.Stagger <= 0 || !ok || st.settled || g.held[s].count == 0 ||
+		now-st.lastNewcomer >= int64(v.cfg.Admission.Stagger)
+}
+
+// tookNewcomer records that s took a conversation not pinned to it.
+func (g *gate) tookNewcomer(s *replicaState, now int64) {
+	st := g.staggering[s]
+	st.lastNewcomer = now
+	g.staggering[s] = st
+}
+
+// residentLeft records that a resident left s: a replica that still holds
+// others is no longer filling from empty; an empty one fills anew.
+func (g *gate) residentLeft(s *replicaState) {
+	st := g.staggering[s]
+	st.settled = g.held[s].count > 0
+	g.staggering[s] = st
+}

@@ -1,0 +1,64 @@
+package selection
+
+import (
+	"testing"
+	"time"
+)
+
+// A replica filling from empty takes a new conversation at most once per
+// Stagger; the one it holds then keeps coming, and once a resident has
+// left, or the replica has emptied, newcomers are taken as room frees.
+func TestStaggerPacesAFillingReplica(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
+	}})
+	var ready []string
+	admit := func(key string, at time.Duration) *Ticket {
+		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0.Add(at), func() { ready = append(ready, key) })
+	}
+	a := admit("a", 0)
+	mustState(t, a, Admitted) // an empty replica takes one at once
+	b := admit("b", time.Second)
+	mustState(t, b, Waiting) // room enough, but too soon after a
+	a.Done(t0.Add(2 * time.Second))
+	mustState(t, admit("a", 3*time.Second), Admitted) // a resident is not a newcomer
+	r.Sweep(t0.Add(14 * time.Second))
+	mustState(t, b, Waiting)
+	r.Sweep(t0.Add(15 * time.Second))
+	mustState(t, b, Admitted)
+	c, d := admit("c", 16*time.Second), admit("d", 17*time.Second)
+	mustState(t, c, Waiting)
+	b.End(t0.Add(20*time.Second), Reply{TaskEnded: true}) // a resident left: no more staggering
+	mustState(t, c, Admitted)
+	mustState(t, d, Admitted)
+	if want := []string{"b", "c", "d"}; len(ready) != len(want) || ready[0] != want[0] || ready[1] != want[1] || ready[2] != want[2] {
+		t.Fatalf("admitted from the queue in the order %v, want %v", ready, want)
+	}
+}
+
+// Without Stagger, newcomers fill a replica's room at once.
+func TestNoStaggerFillsAtOnce(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1,
+	}})
+	for _, key := range []string{"a", "b", "c"} {
+		mustState(t, r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil), Admitted)
+	}
+}
+
+// A replica that emptied fills anew: staggered again, its first newcomer
+// at once.
+func TestStaggerAgainAfterAReplicaEmptied(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
+	}})
+	a := r.Admit(HashKey("a"), Body{Bytes: 400}, nil, t0, nil)
+	r.Sweep(t0.Add(15 * time.Second))
+	b := r.Admit(HashKey("b"), Body{Bytes: 400}, nil, t0.Add(15*time.Second), nil)
+	mustState(t, b, Admitted)
+	a.End(t0.Add(16*time.Second), Reply{TaskEnded: true}) // settled: b still there
+	b.End(t0.Add(17*time.Second), Reply{TaskEnded: true}) // empty again
+	at := t0.Add(18 * time.Second)
+	mustState(t, r.Admit(HashKey("c"), Body{Bytes: 400}, nil, at, nil), Admitted)
+	mustState(t, r.Admit(HashKey("d"), Body{Bytes: 400}, nil, at, nil), Waiting)
+}
