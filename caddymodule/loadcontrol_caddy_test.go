@@ -272,3 +272,40 @@ func TestLoadControlOffHoldsNothing(t *testing.T) {
 		t.Errorf("kv_capacity_tokens %v, want 40000 from the replica's cache_config_info", kv)
 	}
 }
+
+// With stagger, a replica filling from empty takes a new conversation at
+// most once per stagger, though its cache has room for all: the second
+// conversation waits for the first's stagger, the third for the second's,
+// and a turn of a resident conversation is never held.
+func TestLoadControlStaggersNewConversations(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1000000\n\t\t\t\tlinger 1m\n\t\t\t\tstagger 1s\n\t\t\t}", backend)
+	if st := f.status(t).LoadControl; st.StaggerSeconds != 1 {
+		t.Fatalf("stagger_s %v, want 1", st.StaggerSeconds)
+	}
+	start := time.Now()
+	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > 500*time.Millisecond {
+		t.Fatalf("the first conversation on an empty replica: %+v, want served at once", a)
+	}
+	sent := time.Since(start)
+	second := sendTurnAsync(context.Background(), f, "second")
+	third := sendTurnAsync(context.Background(), f, "third")
+	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > 500*time.Millisecond {
+		t.Errorf("the resident's next turn: %+v, want served at once", a)
+	}
+	for i, done := range []<-chan answer{second, third} {
+		a := <-done
+		if a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("newcomer %d: %+v", i+1, a)
+		}
+		// Admitted at most once per stagger, looked at every second: the
+		// n-th newcomer no sooner than n staggers after the first.
+		if since := sent + a.took; since < time.Duration(i+1)*time.Second {
+			t.Errorf("newcomer %d served %v after the first conversation, before %d staggers", i+1, since, i+1)
+		}
+	}
+	st := f.status(t)
+	if lc := st.LoadControl; lc.Queued != 2 || lc.Forced != 0 || st.Replicas[0].Residents != 3 {
+		t.Errorf("load_control %+v, %d residents; want the two newcomers queued, all three resident", lc, st.Replicas[0].Residents)
+	}
+}
