@@ -67,6 +67,7 @@ func init() {
 //				max_queue <n>                # then turns are refused, 503 (default 1024)
 //				capacity_tokens <n>          # per replica; 0 reads /metrics
 //				quantum <turns>|off          # turns before a resident yields to waiting ones (default 3)
+//				stagger <duration>|off       # between a filling replica's new conversations (default off)
 //			}
 //		}
 //	}

@@ -289,6 +289,7 @@ func TestLoadControlStaggersNewConversations(t *testing.T) {
 	}
 	sent := time.Since(start)
 	second := sendTurnAsync(context.Background(), f, "second")
+	waitingIs(t, f, 1) // the third queues behind the second
 	third := sendTurnAsync(context.Background(), f, "third")
 	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > 500*time.Millisecond {
 		t.Errorf("the resident's next turn: %+v, want served at once", a)

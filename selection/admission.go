@@ -184,7 +184,8 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	case g.residents[key] != nil:
 		t.resident = true
 		g.admit(t, g.residents[key].rep)
-	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano()):
+	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
+	case v.headStaggered() && v.admitOne(t, now.UnixNano(), false):
 	case len(g.queue) >= v.cfg.Admission.MaxQueue:
 		t.state = Refused
 		g.refused++
@@ -204,8 +205,8 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 // the assumed ones would fill its replica past its share of cache for as
 // long as its conversation stays.
 func (t *Ticket) estimate() {
-	t.tokens = max(t.view.EstimateTokens(t.body.Bytes), 1)
-	t.assumed = !t.view.router.learnedBytesPerToken()
+	perToken, learned := t.view.router.bytesPerTokenLearned()
+	t.tokens, t.assumed = max(tokensOf(t.body.Bytes, perToken), 1), !learned
 }
 
 // State reports where the ticket stands.
@@ -327,13 +328,17 @@ func (t *Ticket) Force(now time.Time) bool {
 	g.unqueue(t)
 	g.forced++
 	t.estimate()
-	rep := t.view.router.pinOf(t.key, now.UnixNano(), int64(t.view.cfg.SessionTTL))
+	pin := t.view.router.pinOf(t.key, now.UnixNano(), int64(t.view.cfg.SessionTTL))
+	rep := pin
 	if rep == nil || !t.view.usable(rep, t.usable) {
 		rep = t.view.leastLoaded(t.usable, t.key, true)
 	}
 	if rep == nil {
 		t.state = Gone // Pick will find no replica either
 		return true
+	}
+	if rep != pin {
+		g.tookNewcomer(rep, now.UnixNano())
 	}
 	g.admit(t, rep)
 	return true
@@ -354,6 +359,9 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 	} else {
 		g.unlinkIdle(res)
 		g.hold(res, -1)
+		if res.rep != rep {
+			g.residentLeft(res.rep)
+		}
 	}
 	res.rep, res.tokens = rep, t.tokens
 	g.hold(res, +1)
@@ -444,32 +452,48 @@ func (v *View) expire(now int64) []func() {
 	return v.admitQueued(now)
 }
 
-// admitQueued admits queued turns in order while the head finds room.
+// admitQueued admits queued turns in order while the head finds room. A
+// head that has room but waits for a replica's stagger holds back only the
+// turns that would take a replica anew: a turn going to its own replica,
+// with room, passes it.
 func (v *View) admitQueued(now int64) []func() {
 	g := v.router.gate
 	var notify []func()
-	for len(g.queue) > 0 {
-		t := g.queue[0]
-		if !t.view.admitOne(t, now) {
-			break
-		}
-		g.queue = g.queue[1:]
-		if t.ready != nil {
-			notify = append(notify, t.ready)
+	for i := 0; i < len(g.queue); {
+		t := g.queue[i]
+		switch {
+		case t.view.admitOne(t, now, i == 0):
+			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			if t.ready != nil {
+				notify = append(notify, t.ready)
+			}
+		case i > 0 || t.view.staggeredOnly(t):
+			i++
+		default:
+			return notify
 		}
 	}
 	return notify
 }
 
-// admitOne admits t if its pin, or else the least-loaded replica, has room
-// for its tokens (g.mu held), moving the pin to where it is admitted.
-func (v *View) admitOne(t *Ticket, now int64) bool {
+// admitOne admits t (g.mu held) to the replica its conversation is resident
+// on, else to its pin if the pin has room for its tokens, else, if
+// newcomer, to the least-loaded replica that has room and may take a
+// newcomer now, moving the pin there.
+func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	r := v.router
 	t.estimate()
+	if res := r.gate.residents[t.key]; res != nil { // another of its turns was admitted meanwhile
+		r.gate.admit(t, res.rep)
+		return true
+	}
 	pin := r.pinOf(t.key, now, int64(v.cfg.SessionTTL))
 	if pin != nil && v.usable(pin, t.usable) && v.hasRoom(pin, t.tokens) {
 		r.gate.admit(t, pin)
 		return true
+	}
+	if !newcomer {
+		return false
 	}
 	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool {
 		return v.mayTakeNewcomer(s, now) && v.hasRoom(s, t.tokens)

@@ -1,5 +1,7 @@
 package selection
 
+import "time"
+
 // Staggered starts (AdmissionConfig.Stagger). Conversations admitted to a
 // replica together grow together: an agent farm launched at once fills each
 // replica with residents on their first turns, which a few turns later hold
@@ -14,16 +16,34 @@ package selection
 // staggering is a replica's state for staggered starts.
 type staggering struct {
 	lastNewcomer int64 // when it last took a conversation not pinned to it
-	settled      bool  // a resident has left it since it was last empty
+	departed     bool  // a resident has left it since it was last empty
 }
+
+// staggerSlack absorbs the jitter of the sweep's ticks, which may come a
+// hair early and would otherwise add a whole tick to a stagger.
+const staggerSlack = time.Millisecond
 
 // mayTakeNewcomer reports whether s may take a conversation not pinned to it
 // now (g.mu held).
 func (v *View) mayTakeNewcomer(s *replicaState, now int64) bool {
 	g := v.router.gate
-	st, ok := g.staggering[s]
-	return v.cfg.Admission.Stagger <= 0 || !ok || st.settled || g.held[s].count == 0 ||
-		now-st.lastNewcomer >= int64(v.cfg.Admission.Stagger)
+	st := g.staggering[s]
+	return v.cfg.Admission.Stagger <= 0 || st.departed || g.held[s].count == 0 ||
+		now-st.lastNewcomer+int64(staggerSlack) >= int64(v.cfg.Admission.Stagger)
+}
+
+// staggeredOnly reports whether t, which found no room, waits for a stagger
+// alone: a usable replica has room for it (g.mu held).
+func (v *View) staggeredOnly(t *Ticket) bool {
+	return v.cfg.Admission.Stagger > 0 &&
+		v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.hasRoom(s, t.tokens) }) != nil
+}
+
+// headStaggered reports whether the queue's head waits for a stagger alone,
+// so that a turn going to its own replica may pass it (g.mu held).
+func (v *View) headStaggered() bool {
+	g := v.router.gate
+	return len(g.queue) > 0 && g.queue[0].view.staggeredOnly(g.queue[0])
 }
 
 // tookNewcomer records that s took a conversation not pinned to it.
@@ -37,6 +57,6 @@ func (g *gate) tookNewcomer(s *replicaState, now int64) {
 // others is no longer filling from empty; an empty one fills anew.
 func (g *gate) residentLeft(s *replicaState) {
 	st := g.staggering[s]
-	st.settled = g.held[s].count > 0
+	st.departed = g.held[s].count > 0
 	g.staggering[s] = st
 }

@@ -62,3 +62,49 @@ func TestStaggerAgainAfterAReplicaEmptied(t *testing.T) {
 	mustState(t, r.Admit(HashKey("c"), Body{Bytes: 400}, nil, at, nil), Admitted)
 	mustState(t, r.Admit(HashKey("d"), Body{Bytes: 400}, nil, at, nil), Waiting)
 }
+
+// A turn going to its own replica, with room, passes a head that waits for
+// a stagger alone: only conversations that would take a replica anew wait
+// behind it.
+func TestStaggeredHeadHoldsBackOnlyNewcomers(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
+	}})
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	admit := func(key string, s int) *Ticket {
+		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)
+	}
+	c := admit("c", 0)
+	c.End(at(1), Reply{TaskEnded: true}) // the replica empties; c keeps its pin
+	mustState(t, admit("a", 2), Admitted)
+	b := admit("b", 3)
+	mustState(t, b, Waiting)
+	c2 := admit("c", 4)
+	mustState(t, c2, Admitted) // to its own replica: it passes b
+	d := admit("d", 5)
+	mustState(t, d, Waiting) // a newcomer: behind b
+	r.Sweep(at(16))
+	mustState(t, b, Waiting)
+	r.Sweep(at(17))
+	mustState(t, b, Admitted)
+	mustState(t, d, Waiting)
+}
+
+// A turn forced over capacity onto a replica that is not its pin counts as
+// that replica's newcomer: the next one is paced from it.
+func TestStaggerCountsAForcedNewcomer(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
+	}})
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	admit := func(key string, s int) *Ticket {
+		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)
+	}
+	mustState(t, admit("a", 0), Admitted)
+	b := admit("b", 1)
+	mustState(t, b, Waiting)
+	if !b.Force(at(10)) {
+		t.Fatal("b was not waiting")
+	}
+	mustState(t, admit("c", 16), Waiting) // 6 s after b, though 16 s after a
+}

@@ -29,19 +29,31 @@ const (
 // EstimateTokens is a prompt's size in tokens from its request body's
 // size, at the bytes per token learned so far; 0 when the size is unknown.
 func (v *View) EstimateTokens(bodyBytes int64) int {
+	perToken, _ := v.router.bytesPerTokenLearned()
+	return tokensOf(bodyBytes, perToken)
+}
+
+func tokensOf(bodyBytes int64, bytesPerToken float64) int {
 	if bodyBytes <= 0 {
 		return 0
 	}
-	return max(1, int(math.Round(float64(bodyBytes)/v.router.BytesPerToken())))
+	return max(1, int(math.Round(float64(bodyBytes)/bytesPerToken)))
 }
 
 // BytesPerToken is the request bodies' bytes per prompt token, learned from
 // the replies; BytesPerToken before any reply told.
 func (r *Router) BytesPerToken() float64 {
+	b, _ := r.bytesPerTokenLearned()
+	return b
+}
+
+// bytesPerTokenLearned is BytesPerToken, and whether a reply taught it, in
+// one read.
+func (r *Router) bytesPerTokenLearned() (float64, bool) {
 	if b := r.bytesPerToken.value(); b > 0 {
-		return b
+		return b, true
 	}
-	return BytesPerToken
+	return BytesPerToken, false
 }
 
 // learnTokenSize folds a reply's prompt size, in the server's tokens, and
@@ -57,10 +69,6 @@ func (r *Router) learnTokenSize(bodyBytes int64, promptTokens int) {
 	}
 	r.bytesPerToken.observe(b, tokenSmoothing)
 }
-
-// learnedBytesPerToken reports whether a reply has taught the bytes per
-// token yet.
-func (r *Router) learnedBytesPerToken() bool { return r.bytesPerToken.value() > 0 }
 
 // smoothed is an exponentially weighted mean, safe for concurrent use; 0
 // before its first value, which it takes whole.
