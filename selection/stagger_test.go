@@ -63,10 +63,10 @@ func TestStaggerAgainAfterAReplicaEmptied(t *testing.T) {
 	mustState(t, r.Admit(HashKey("d"), Body{Bytes: 400}, nil, at, nil), Waiting)
 }
 
-// A turn going to its own replica, with room, passes a head that waits for
-// a stagger alone: only conversations that would take a replica anew wait
-// behind it.
-func TestStaggeredHeadHoldsBackOnlyNewcomers(t *testing.T) {
+// staggeredReplica is one replica with room for ten 100-token prompts and
+// a stagger of 15 s, a clock in seconds, and a way to send a turn of key at
+// second s.
+func staggeredReplica() (testRouter, func(s int) time.Time, func(key string, s int) *Ticket) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
 	}})
@@ -74,6 +74,14 @@ func TestStaggeredHeadHoldsBackOnlyNewcomers(t *testing.T) {
 	admit := func(key string, s int) *Ticket {
 		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)
 	}
+	return r, at, admit
+}
+
+// A turn going to its own replica, with room, passes a head that waits for
+// a stagger alone: only conversations that would take a replica anew wait
+// behind it.
+func TestStaggeredHeadHoldsBackOnlyNewcomers(t *testing.T) {
+	r, at, admit := staggeredReplica()
 	c := admit("c", 0)
 	c.End(at(1), Reply{TaskEnded: true}) // the replica empties; c keeps its pin
 	mustState(t, admit("a", 2), Admitted)
@@ -93,13 +101,7 @@ func TestStaggeredHeadHoldsBackOnlyNewcomers(t *testing.T) {
 // A turn forced over capacity onto a replica that is not its pin counts as
 // that replica's newcomer: the next one is paced from it.
 func TestStaggerCountsAForcedNewcomer(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
-	}})
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	admit := func(key string, s int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)
-	}
+	_, at, admit := staggeredReplica()
 	mustState(t, admit("a", 0), Admitted)
 	b := admit("b", 1)
 	mustState(t, b, Waiting)
