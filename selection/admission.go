@@ -20,7 +20,8 @@ import (
 // queue is first come, first served: the turn that waited longest goes
 // first, to its pin when the pin has room, else to the least-loaded replica
 // that has (its pin then moves there: a conversation that lost residency
-// has most likely lost its cache too).
+// has most likely lost its cache too). Only a stagger lets a turn pass
+// (stagger.go).
 //
 // Admission holds no goroutine and reads no clock: the proxy waits on the
 // ticket in the request's own goroutine (Caddy), or the lab resumes the

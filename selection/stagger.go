@@ -12,6 +12,9 @@ import "time"
 // newcomer at most once per Stagger, until one of its residents leaves;
 // from then on its residents leave at different times, and each newcomer
 // takes a place as it frees. A replica with no resident takes one at once.
+// A newcomer paced so waits at the head of the queue and holds back the
+// newcomers behind it, but not a turn going to its own replica: a person's
+// next message must not wait for another conversation's stagger.
 
 // staggering is a replica's state for staggered starts.
 type staggering struct {
