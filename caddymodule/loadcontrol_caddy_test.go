@@ -287,6 +287,9 @@ func TestLoadControlStaggersNewConversations(t *testing.T) {
 	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > 500*time.Millisecond {
 		t.Fatalf("the first conversation on an empty replica: %+v, want served at once", a)
 	}
+	if next := f.status(t).Replicas[0].NextNewcomer; next == nil || next.Before(time.Now()) || next.After(time.Now().Add(time.Second)) {
+		t.Errorf("next_newcomer %v after the first conversation, want within the coming second", next)
+	}
 	sent := time.Since(start)
 	second := sendTurnAsync(context.Background(), f, "second")
 	waitingIs(t, f, 1) // the third queues behind the second

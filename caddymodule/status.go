@@ -179,6 +179,10 @@ type ReplicaStatus struct {
 	// ResidentTokens their prompts' estimated size (0 when it is off).
 	Residents      int `json:"residents"`
 	ResidentTokens int `json:"resident_tokens"`
+	// NextNewcomer is when the replica, filling from empty, may take its
+	// next new conversation (load control's stagger); nil (JSON null) when
+	// it takes one whenever it has room.
+	NextNewcomer *time.Time `json:"next_newcomer"`
 	// KVCapacityTokens is the replica's KV cache in tokens as load control
 	// counts it: capacity_tokens when set, else the replica's
 	// num_gpu_blocks × block_size; nil (JSON null) when unknown.
@@ -265,6 +269,9 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			ActiveSessions: rs.ActiveSessions,
 			Residents:      rs.Residents,
 			ResidentTokens: rs.ResidentTokens,
+		}
+		if rs.NextNewcomer.After(now) {
+			row.NextNewcomer = &rs.NextNewcomer
 		}
 		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, rs.Load)
 		row.PrefixHitRate = knownRate(f.ReplicaRates(rs.Replica, now, hitRateWindow))

@@ -570,8 +570,15 @@ type AdmissionStatus struct {
 // residency is what a replica holds resident.
 type residency struct{ count, tokens int }
 
-// admissionStatus fills st and returns the residents per replica.
-func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]residency {
+// replicaAdmission is what load control holds on a replica, and when it may
+// next take a newcomer while it fills from empty (zero: not so paced).
+type replicaAdmission struct {
+	residency
+	nextNewcomer time.Time
+}
+
+// admissionStatus fills st and returns each replica's residents.
+func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdmission {
 	g := v.router.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -582,9 +589,9 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]residency 
 		Replies: g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
 	}
-	out := make(map[*replicaState]residency, len(v.replicas))
+	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {
-		out[s] = g.held[s]
+		out[s] = replicaAdmission{g.held[s], v.nextNewcomer(s)}
 	}
 	return out
 }

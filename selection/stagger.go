@@ -29,10 +29,19 @@ const staggerSlack = time.Millisecond
 // mayTakeNewcomer reports whether s may take a conversation not pinned to it
 // now (g.mu held).
 func (v *View) mayTakeNewcomer(s *replicaState, now int64) bool {
+	next := v.nextNewcomer(s)
+	return next.IsZero() || now+int64(staggerSlack) >= next.UnixNano()
+}
+
+// nextNewcomer is when s, filling from empty, may take its next newcomer;
+// zero when it is not so paced (g.mu held).
+func (v *View) nextNewcomer(s *replicaState) time.Time {
 	g := v.router.gate
 	st := g.staggering[s]
-	return v.cfg.Admission.Stagger <= 0 || st.departed || g.held[s].count == 0 ||
-		now-st.lastNewcomer+int64(staggerSlack) >= int64(v.cfg.Admission.Stagger)
+	if v.cfg.Admission.Stagger <= 0 || st.departed || g.held[s].count == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, st.lastNewcomer+int64(v.cfg.Admission.Stagger))
 }
 
 // staggeredOnly reports whether t, which found no room, waits for a stagger

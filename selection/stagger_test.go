@@ -18,6 +18,9 @@ func TestStaggerPacesAFillingReplica(t *testing.T) {
 	}
 	a := admit("a", 0)
 	mustState(t, a, Admitted) // an empty replica takes one at once
+	if got, want := r.Status().Replicas[0].NextNewcomer, t0.Add(15*time.Second); !got.Equal(want) {
+		t.Fatalf("next newcomer at %v, want %v", got, want)
+	}
 	b := admit("b", time.Second)
 	mustState(t, b, Waiting) // room enough, but too soon after a
 	a.Done(t0.Add(2 * time.Second))
@@ -29,6 +32,9 @@ func TestStaggerPacesAFillingReplica(t *testing.T) {
 	c, d := admit("c", 16*time.Second), admit("d", 17*time.Second)
 	mustState(t, c, Waiting)
 	b.End(t0.Add(20*time.Second), Reply{TaskEnded: true}) // a resident left: no more staggering
+	if got := r.Status().Replicas[0].NextNewcomer; !got.IsZero() {
+		t.Fatalf("next newcomer at %v once a resident left, want none", got)
+	}
 	mustState(t, c, Admitted)
 	mustState(t, d, Admitted)
 	if want := []string{"b", "c", "d"}; len(ready) != len(want) || ready[0] != want[0] || ready[1] != want[1] || ready[2] != want[2] {

@@ -52,8 +52,12 @@ type ReplicaStatus struct {
 	// resident here and their prompts' estimated tokens.
 	Residents      int
 	ResidentTokens int
-	Load           Load
-	Healthy        bool
+	// NextNewcomer is when the replica, filling from empty, may take its
+	// next new conversation (load control's stagger); zero when it is not
+	// filling so.
+	NextNewcomer time.Time
+	Load         Load
+	Healthy      bool
 }
 
 // Status returns the router's counters and the view's replicas' state.
@@ -97,6 +101,7 @@ func (v *View) Status() Status {
 			Healthy:        s.healthy.Load(),
 			Residents:      residents[s].count,
 			ResidentTokens: residents[s].tokens,
+			NextNewcomer:   residents[s].nextNewcomer,
 		}
 		st.InFlight += rs.InFlight
 		st.Sessions += rs.Sessions
