@@ -278,23 +278,25 @@ func TestLoadControlOffHoldsNothing(t *testing.T) {
 // conversation waits for the first's stagger, the third for the second's,
 // and a turn of a resident conversation is never held.
 func TestLoadControlStaggersNewConversations(t *testing.T) {
+	const stagger = 2 * time.Second
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1000000\n\t\t\t\tlinger 1m\n\t\t\t\tstagger 1s\n\t\t\t}", backend)
-	if st := f.status(t).LoadControl; st.StaggerSeconds != 1 {
-		t.Fatalf("stagger_s %v, want 1", st.StaggerSeconds)
+	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1000000\n\t\t\t\tlinger 1m\n\t\t\t\tstagger 2s\n\t\t\t}", backend)
+	if st := f.status(t).LoadControl; st.StaggerSeconds != 2 {
+		t.Fatalf("stagger_s %v, want 2", st.StaggerSeconds)
 	}
 	start := time.Now()
-	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > 500*time.Millisecond {
+	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > time.Second {
 		t.Fatalf("the first conversation on an empty replica: %+v, want served at once", a)
 	}
-	if next := f.status(t).Replicas[0].NextNewcomer; next == nil || next.Before(time.Now()) || next.After(time.Now().Add(time.Second)) {
-		t.Errorf("next_newcomer %v after the first conversation, want within the coming second", next)
+	if next := f.status(t).Replicas[0].NextNewcomer; next == nil || next.Before(time.Now()) || next.After(time.Now().Add(stagger)) {
+		t.Errorf("next_newcomer %v after the first conversation, want within the coming stagger", next)
 	}
-	sent := time.Since(start)
+	sent := []time.Duration{time.Since(start)}
 	second := sendTurnAsync(context.Background(), f, "second")
 	waitingIs(t, f, 1) // the third queues behind the second
+	sent = append(sent, time.Since(start))
 	third := sendTurnAsync(context.Background(), f, "third")
-	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > 500*time.Millisecond {
+	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || a.took > time.Second {
 		t.Errorf("the resident's next turn: %+v, want served at once", a)
 	}
 	for i, done := range []<-chan answer{second, third} {
@@ -302,9 +304,10 @@ func TestLoadControlStaggersNewConversations(t *testing.T) {
 		if a.err != nil || a.status != http.StatusOK {
 			t.Fatalf("newcomer %d: %+v", i+1, a)
 		}
-		// Admitted at most once per stagger, looked at every second: the
-		// n-th newcomer no sooner than n staggers after the first.
-		if since := sent + a.took; since < time.Duration(i+1)*time.Second {
+		// Admitted at most once per stagger (less a millisecond for the
+		// ticks' jitter): the n-th newcomer no sooner than n staggers after
+		// the first conversation.
+		if since := sent[i] + a.took; since < time.Duration(i+1)*(stagger-time.Millisecond) {
 			t.Errorf("newcomer %d served %v after the first conversation, before %d staggers", i+1, since, i+1)
 		}
 	}
