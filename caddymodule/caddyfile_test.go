@@ -261,6 +261,7 @@ func TestLoadControlValidate(t *testing.T) {
 		{LoadControlConfig{MaxWait: -1}, "linger and max_wait must be positive durations"},
 		{LoadControlConfig{MaxQueue: -1}, "max_queue must be positive"},
 		{LoadControlConfig{CapacityTokens: -1}, "capacity_tokens must not be negative"},
+		{LoadControlConfig{Stagger: -1}, "stagger must not be negative"},
 	} {
 		m := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}, LoadControl: &c.lc}
 		err := m.validate("m")
