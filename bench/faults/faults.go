@@ -270,7 +270,7 @@ func start(ctx context.Context, o Options) (*harness, error) {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.Proxy = nil
 	transport.MaxIdleConnsPerHost = 4 * (o.Sessions + o.Probes)
-	retry := &keptAliveRetry{base: transport}
+	retry := &keptAliveRetry{base: transport, backoff: o.scaled(sdkRetryBackoff)}
 	h.load = &load{
 		base:     "http://" + site,
 		model:    h.workload.Model,

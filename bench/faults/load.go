@@ -64,10 +64,17 @@ func errText(err error) string {
 // kept-alive connection as the request went out. Caddy closes the old
 // config's idle connections on every reload, and a POST cannot tell whether
 // it was received, so Go's client does not resend it itself; the Anthropic
-// SDK that Claude Code uses does (connection errors are retried twice).
-// Resends are counted, by time.
+// SDK that Claude Code uses does (connection errors are retried twice),
+// after a backoff of at least 0.375 s, then 0.75 s (0.5 s doubling, less
+// its jitter of up to a quarter). Resending at once instead could pick
+// another of the connections the same reload closed, before the transport
+// has noticed, and fail where the SDK would not. Resends are counted, by
+// time.
 type keptAliveRetry struct {
 	base http.RoundTripper
+	// backoff is the wait before the first resend, doubled for the next:
+	// the SDK's shortest, scaled like every time of the run.
+	backoff time.Duration
 
 	mu sync.Mutex
 	at []time.Time
@@ -75,6 +82,10 @@ type keptAliveRetry struct {
 
 // maxResends is the Anthropic SDK's default max_retries.
 const maxResends = 2
+
+// sdkRetryBackoff is the Anthropic SDK's shortest wait before its first
+// retry: 0.5 s less a jitter of up to a quarter.
+const sdkRetryBackoff = 375 * time.Millisecond
 
 // RoundTrip sends req, and again if its reused connection broke.
 func (k *keptAliveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -87,6 +98,11 @@ func (k *keptAliveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		body, bodyErr := req.GetBody()
 		if bodyErr != nil {
+			return nil, err
+		}
+		select {
+		case <-time.After(k.backoff << resends):
+		case <-req.Context().Done():
 			return nil, err
 		}
 		k.mu.Lock()
