@@ -94,6 +94,9 @@ func (k *keptAliveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
 		resp, err := k.base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
 		if err == nil || !reused || resends == maxResends || req.GetBody == nil || req.Context().Err() != nil {
+			if err != nil && resends > 0 {
+				err = fmt.Errorf("%w (after %d resends)", err, resends) // shows in the failure notes
+			}
 			return resp, err
 		}
 		body, bodyErr := req.GetBody()
