@@ -462,6 +462,7 @@ func (v *View) admitQueued(now int64) []func() {
 	var notify []func()
 	for i := 0; i < len(g.queue); {
 		t := g.queue[i]
+		t.estimate()
 		switch {
 		case t.view.admitOne(t, now, i == 0):
 			g.queue = append(g.queue[:i], g.queue[i+1:]...)
@@ -483,7 +484,6 @@ func (v *View) admitQueued(now int64) []func() {
 // newcomer now, moving the pin there.
 func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	r := v.router
-	t.estimate()
 	if res := r.gate.residents[t.key]; res != nil { // another of its turns was admitted meanwhile
 		r.gate.admit(t, res.rep)
 		return true
