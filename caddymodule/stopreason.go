@@ -60,6 +60,7 @@ func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		sw.held.reply.Store(&selection.Reply{
 			TaskEnded:    sw.scan.TaskEnded(),
 			PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CacheReported: u.CacheReported,
+			OutputTokens: u.OutputTokens,
 		})
 	}
 	return err

@@ -18,10 +18,11 @@ const (
 	allBlocksCleared
 )
 
-// event is what the set needs of one vLLM KV cache event.
+// event is what Chains needs of one vLLM KV cache event.
 type event struct {
 	kind   eventKind
 	hashes []uint64
+	parent uint64 // BlockStored's parent_block_hash; 0 for None
 }
 
 // decodeBatch reads a KVEventBatch payload. It fails on anything that is not one, so that a
@@ -99,8 +100,8 @@ func decodeEvents(d *msgpack.Decoder) ([]event, error) {
 }
 
 // arrayFields are where the array form puts the fields this package reads (vLLM's field order).
-var arrayFields = map[string]struct{ hashes, medium int }{
-	"BlockStored":  {hashes: 1, medium: 6},
+var arrayFields = map[string]struct{ hashes, parent, medium int }{
+	"BlockStored":  {hashes: 1, parent: 2, medium: 6},
 	"BlockRemoved": {hashes: 1, medium: 2},
 }
 
@@ -109,6 +110,7 @@ var arrayFields = map[string]struct{ hashes, medium int }{
 func decodeEvent(d *msgpack.Decoder) (ev event, known bool, err error) {
 	var tag, medium string
 	var hashes []uint64
+	var parent uint64
 	if isMap(d) {
 		n, err := d.DecodeMapLen()
 		if err != nil {
@@ -124,6 +126,8 @@ func decodeEvent(d *msgpack.Decoder) (ev event, known bool, err error) {
 				tag, err = d.DecodeString()
 			case "block_hashes":
 				hashes, err = decodeHashes(d)
+			case "parent_block_hash":
+				parent, err = decodeOptionalHash(d)
 			case "medium":
 				medium, err = decodeOptionalString(d)
 			default:
@@ -149,6 +153,8 @@ func decodeEvent(d *msgpack.Decoder) (ev event, known bool, err error) {
 			switch i {
 			case at.hashes:
 				hashes, err = decodeHashes(d)
+			case at.parent:
+				parent, err = decodeOptionalHash(d)
 			case at.medium:
 				medium, err = decodeOptionalString(d)
 			default:
@@ -174,7 +180,7 @@ func decodeEvent(d *msgpack.Decoder) (ev event, known bool, err error) {
 	if hashes == nil {
 		return ev, false, fmt.Errorf("%s without block_hashes", tag)
 	}
-	ev.hashes = hashes
+	ev.hashes, ev.parent = hashes, parent
 	return ev, medium == "" || medium == "GPU", nil
 }
 
@@ -183,6 +189,14 @@ func decodeOptionalString(d *msgpack.Decoder) (string, error) {
 		return "", d.DecodeNil()
 	}
 	return d.DecodeString()
+}
+
+// decodeOptionalHash reads a hash or nil (0).
+func decodeOptionalHash(d *msgpack.Decoder) (uint64, error) {
+	if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+		return 0, d.DecodeNil()
+	}
+	return decodeHash(d)
 }
 
 func decodeHashes(d *msgpack.Decoder) ([]uint64, error) {

@@ -1,8 +1,10 @@
 // Package kvevents follows a vLLM replica's prefix cache from the KV cache events it publishes,
 // without Caddy: a Subscriber connects a ZMQ SUB socket to one replica's publisher, decodes each
-// event batch and keeps the set of block hashes the replica holds, so that Cached can say how
-// many leading blocks of a prompt's block-hash chain that replica would serve from its cache.
-// It is not wired into routing yet.
+// event batch and keeps the tree of blocks the replica stored (Chains): which block each one
+// extends and whether it is still cached. Cached says how many leading blocks of a prompt's
+// block-hash chain the replica would serve from its cache; Tail and Evicted follow a
+// conversation's chain without hashing its prompt, so without the model's tokenizer. It is not
+// wired into routing yet.
 //
 // # Wire format
 //
@@ -27,14 +29,14 @@
 // block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]). Both forms are
 // read, as is a map-shaped batch. Block hashes are integers (vLLM's default, up to 2^64-1) or
 // bytes, of which the last 8 are read big-endian. Events whose medium is set and is not "GPU"
-// (offloaded copies) do not change the set. Unknown fields and event types are skipped.
+// (offloaded copies) do not change the tree. Unknown fields and event types are skipped.
 //
 // # Trust
 //
 // The publisher is another process: a payload that does not decode is counted and skipped
-// whole, the set holds at most Options.MaxBlocks hashes (stores past that are counted, not
-// kept), and a connection that announces a ZMQ message over MaxMessageBytes is dropped before it is read. A
+// whole, the tree holds at most Options.MaxBlocks blocks (evicted ones are forgotten first;
+// stores past that are counted, not kept), and a connection that announces a ZMQ message over MaxMessageBytes is dropped before it is read. A
 // jump in the sequence numbers means batches were lost (vLLM's PUB socket drops them when a
-// subscriber falls behind) and the set may be stale; it is counted in Stats.Gaps. A sequence
-// that goes back means the publisher restarted with an empty cache, so the set is emptied.
+// subscriber falls behind) and the view may be stale; it is counted in Stats.Gaps. A sequence
+// that goes back means the publisher restarted with an empty cache, so the tree is emptied.
 package kvevents

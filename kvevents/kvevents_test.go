@@ -17,7 +17,7 @@ const topic = "kv-events"
 
 // newTestSubscriber is a Subscriber fed by handle alone, with no socket.
 func newTestSubscriber(maxBlocks int) *Subscriber {
-	return &Subscriber{topic: topic, set: newBlockSet(maxBlocks)}
+	return &Subscriber{topic: topic, chains: NewChains(maxBlocks)}
 }
 
 func stored(hashes ...uint64) map[string]any {
@@ -228,5 +228,21 @@ func TestSubscribeRejectsBadOptions(t *testing.T) {
 		if _, err := Subscribe(o); err == nil {
 			t.Fatalf("%+v accepted", o)
 		}
+	}
+}
+
+func TestParentsLinkTheChains(t *testing.T) {
+	s := newTestSubscriber(100)
+	child := stored(12, 13)
+	child["parent_block_hash"] = uint64(11)
+	mark := s.Mark()
+	s.handle(message(t, 0, stored(10, 11), child,
+		[]any{"BlockStored", []uint64{14}, 13, []uint32{1}, 16, nil, "GPU"}, // the array form
+		removed(14, 13)))
+	if tail, ok := s.Tail(mark, 0, 5); !ok || tail != 14 {
+		t.Fatalf("Tail = %d, %v; want 14", tail, ok)
+	}
+	if n, ok := s.Evicted(14); !ok || n != 2 {
+		t.Fatalf("Evicted = %d, %v; want 2: the parents link 14 to 13, 12 and 11", n, ok)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// DefaultMaxBlocks is the default cap of a replica's set: far above the blocks of any one GPU's
+// DefaultMaxBlocks is the default cap of the blocks kept of a replica: far above the blocks of any one GPU's
 // KV cache at block size 16, and a few tens of MB at most.
 const DefaultMaxBlocks = 1 << 20
 
@@ -22,17 +22,17 @@ type Options struct {
 	Endpoint string
 	// Topic is vLLM's "topic"; only messages whose topic frame is exactly this count.
 	Topic string
-	// MaxBlocks caps the set; 0 means DefaultMaxBlocks.
+	// MaxBlocks caps the blocks kept, cached or recently evicted; 0 means DefaultMaxBlocks.
 	MaxBlocks int
 }
 
-// Stats says how well the set follows the replica.
+// Stats says how well the events follow the replica.
 type Stats struct {
-	Blocks    int    // hashes in the set
+	Blocks    int    // blocks cached
 	Batches   uint64 // batches applied
-	Gaps      uint64 // times batches were missed or the publisher restarted: the set may be stale
+	Gaps      uint64 // times batches were missed or the publisher restarted: the view may be stale
 	Garbage   uint64 // messages skipped because they were not well-formed batches of the topic
-	Overflows uint64 // stored hashes not kept because the set was at MaxBlocks
+	Overflows uint64 // stored blocks not kept because MaxBlocks were, all cached
 }
 
 // Subscriber follows one replica's KV cache events from its own goroutine until Close.
@@ -43,7 +43,7 @@ type Subscriber struct {
 	done   chan struct{}
 
 	mu      sync.RWMutex
-	set     *blockSet
+	chains  *Chains
 	lastSeq uint64
 	started bool // a message was seen, so lastSeq means something
 	stats   Stats
@@ -73,7 +73,7 @@ func Subscribe(o Options) (*Subscriber, error) {
 		sock.Close()
 		return nil, err
 	}
-	s := &Subscriber{topic: o.Topic, sock: sock, cancel: cancel, done: make(chan struct{}), set: newBlockSet(o.MaxBlocks)}
+	s := &Subscriber{topic: o.Topic, sock: sock, cancel: cancel, done: make(chan struct{}), chains: NewChains(o.MaxBlocks)}
 	go s.run(ctx, limitedTCP+"://"+addr)
 	return s, nil
 }
@@ -114,7 +114,7 @@ func (s *Subscriber) handle(frames [][]byte) {
 		s.stats.Gaps++
 	case s.started && seq <= s.lastSeq: // a new publisher, so a new, empty cache
 		s.stats.Gaps++
-		s.set.clear()
+		s.chains.Cleared()
 	case s.started && seq != s.lastSeq+1:
 		s.stats.Gaps++
 	}
@@ -125,7 +125,14 @@ func (s *Subscriber) handle(frames [][]byte) {
 		return
 	}
 	for _, ev := range events {
-		s.set.apply(ev)
+		switch ev.kind {
+		case blockStored:
+			s.chains.Stored(ev.parent, ev.hashes)
+		case blockRemoved:
+			s.chains.Removed(ev.hashes)
+		case allBlocksCleared:
+			s.chains.Cleared()
+		}
 	}
 	s.stats.Batches++
 }
@@ -135,16 +142,37 @@ func (s *Subscriber) handle(frames [][]byte) {
 func (s *Subscriber) Cached(hashes []uint64) int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.set.leading(hashes)
+	return s.chains.Leading(hashes)
 }
 
-// Stats returns the set's size and counters.
+// Mark is Chains.Mark on the events so far: call it when a turn is sent.
+func (s *Subscriber) Mark() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.chains.Mark()
+}
+
+// Tail is Chains.Tail on the events so far.
+func (s *Subscriber) Tail(mark, prev uint64, blocks int) (uint64, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.chains.Tail(mark, prev, blocks)
+}
+
+// Evicted is Chains.Evicted on the events so far.
+func (s *Subscriber) Evicted(tail uint64) (int, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.chains.Evicted(tail)
+}
+
+// Stats returns the cache's size and counters.
 func (s *Subscriber) Stats() Stats {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	st := s.stats
-	st.Blocks = len(s.set.blocks)
-	st.Overflows = s.set.overflows
+	st.Blocks = s.chains.blocks
+	st.Overflows = s.chains.Overflows
 	return st
 }
 

@@ -19,7 +19,10 @@
 // Responses API's input_tokens the whole prompt, with the cached part in
 // prompt_tokens_details.cached_tokens or input_tokens_details.cached_tokens.
 // vLLM reports the cached part only when started with
-// --enable-prompt-tokens-details, and leaves it out when it is 0.
+// --enable-prompt-tokens-details, and leaves it out when it is 0. The
+// reply's size is output_tokens (Anthropic, Responses) or
+// completion_tokens (OpenAI); a stream repeats it, its last count is the
+// whole.
 //
 // The scanner matches these fields in the raw bytes, streamed (SSE) or not,
 // without decoding the JSON: replies are large and streamed in small
@@ -49,6 +52,7 @@ const (
 	cachedField        // cached_tokens: the cached part (OpenAI, Responses)
 	cacheReadField     // cache_read_input_tokens: the cached part (Anthropic)
 	cacheCreationField // cache_creation_input_tokens: part of the prompt (Anthropic)
+	outputField        // output_tokens, completion_tokens: the reply's size
 	fields
 )
 
@@ -65,6 +69,8 @@ var keys = [...]struct {
 	{[]byte(`"cached_tokens"`), cachedField},
 	{[]byte(`"cache_read_input_tokens"`), cacheReadField},
 	{[]byte(`"cache_creation_input_tokens"`), cacheCreationField},
+	{[]byte(`"output_tokens"`), outputField},
+	{[]byte(`"completion_tokens"`), outputField},
 }
 
 // maxValue bounds a value's length and maxSpace the blanks around its
@@ -122,6 +128,8 @@ func (s *Scanner) TaskEnded() bool {
 type Usage struct {
 	PromptTokens, CachedTokens int
 	CacheReported              bool
+	// OutputTokens is the reply's size (0 when not given).
+	OutputTokens int
 }
 
 // Usage reports the usage the reply gave, as far as it was fed.
@@ -139,6 +147,7 @@ func (s *Scanner) Usage() Usage {
 	case s.seen[cacheReadField]:
 		u.CachedTokens, u.CacheReported = s.count[cacheReadField], true
 	}
+	u.OutputTokens = s.count[outputField]
 	return u
 }
 

@@ -26,7 +26,7 @@ data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":
 event: message_stop
 data: {"type":"message_stop"}
 
-`, true, Usage{PromptTokens: 12}},
+`, true, Usage{PromptTokens: 12, OutputTokens: 2}},
 	{"anthropic stream, tool call", `event: message_start
 data: {"type":"message_start","message":{"stop_reason":null}}
 
@@ -47,7 +47,7 @@ data: {"id":"c1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2}
 
 data: [DONE]
 
-`, true, Usage{PromptTokens: 12}},
+`, true, Usage{PromptTokens: 12, OutputTokens: 2}},
 	{"openai stream, tool call", `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"bash","arguments":"{}"}}]},"finish_reason":null}]}
 
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
@@ -91,14 +91,14 @@ data: {"type":"message_start","message":{"stop_reason":null,"usage":{"input_toke
 event: message_delta
 data: {"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"input_tokens":300,"output_tokens":40,"cache_read_input_tokens":1200,"cache_creation_input_tokens":0}}
 
-`, false, Usage{PromptTokens: 1500, CachedTokens: 1200, CacheReported: true}},
-	{"openai, cache reported", `{"choices":[{"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":1500,"total_tokens":1540,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":1200}}}`, false, Usage{PromptTokens: 1500, CachedTokens: 1200, CacheReported: true}},
-	{"responses, cache reported", `{"object":"response","status":"completed","output":[{"type":"message"}],"usage":{"input_tokens":1500,"input_tokens_details":{"cached_tokens":0},"output_tokens":40}}`, true, Usage{PromptTokens: 1500, CacheReported: true}},
+`, false, Usage{PromptTokens: 1500, CachedTokens: 1200, CacheReported: true, OutputTokens: 40}},
+	{"openai, cache reported", `{"choices":[{"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":1500,"total_tokens":1540,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":1200}}}`, false, Usage{PromptTokens: 1500, CachedTokens: 1200, CacheReported: true, OutputTokens: 40}},
+	{"responses, cache reported", `{"object":"response","status":"completed","output":[{"type":"message"}],"usage":{"input_tokens":1500,"input_tokens_details":{"cached_tokens":0},"output_tokens":40}}`, true, Usage{PromptTokens: 1500, CacheReported: true, OutputTokens: 40}},
 	{"responses stream, usage only at the end", `data: {"type":"response.created","response":{"status":"in_progress","usage":null}}
 
 data: {"type":"response.completed","response":{"status":"completed","output":[],"usage":{"input_tokens":1500,"input_tokens_details":{"cached_tokens":1024},"output_tokens":40}}}
 
-`, true, Usage{PromptTokens: 1500, CachedTokens: 1024, CacheReported: true}},
+`, true, Usage{PromptTokens: 1500, CachedTokens: 1024, CacheReported: true, OutputTokens: 40}},
 	{"a model writing about usage", `{"choices":[{"delta":{"content":"\"prompt_tokens\": 5, \"cached_tokens\": 3"},"finish_reason":null}]}`, false, Usage{}},
 	{"a count too long", `{"usage":{"prompt_tokens":` + strings.Repeat("9", 100) + `}}`, false, Usage{}},
 	{"a count not a number", `{"usage":{"prompt_tokens":-5,"cached_tokens":"7"}}`, false, Usage{}},

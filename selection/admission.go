@@ -237,6 +237,11 @@ type Reply struct {
 	// --enable-prompt-tokens-details).
 	PromptTokens, CachedTokens int
 	CacheReported              bool
+	// OutputTokens is the reply's size in the server's tokens (0: not
+	// reported): with the prompt's, it says how many KV cache blocks the
+	// turn stored, to follow its conversation's chain from the server's
+	// KV cache events (kvevents.Chains.Tail).
+	OutputTokens int
 }
 
 // Done ends an admitted turn: its conversation stays resident for Linger.

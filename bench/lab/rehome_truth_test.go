@@ -2,11 +2,14 @@ package lab
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -24,6 +27,10 @@ type judgedTurn struct {
 	// admitted it; notAdmitted for the other turns and those the run cut
 	// before admission.
 	hit int
+	// byEvents is set when the old pin's KV cache events told how much of
+	// the conversation's last chain it still held: eventsCached tokens.
+	byEvents     bool
+	eventsCached int
 }
 
 // share is the share of the prompt the old pin held.
@@ -45,6 +52,22 @@ type truthPolicy struct {
 	system []uint32       // the shared system prompt, tokenized alone
 	turns  []judgedTurn
 	other  int // returning turns placed anew for another reason
+	// chains follows each engine's cache from its KV cache events, and
+	// last each conversation's chain on each engine, to judge the turns
+	// as the events would (kvevents.Chains).
+	chains []*kvevents.Chains
+	last   map[string]map[int]*lastChain
+	// unresolved counts turns whose chain the events did not single out.
+	resolved, unresolved int
+}
+
+// lastChain is what the events tell of a conversation's last turn on an
+// engine: when it was sent, the last block of its chain, and how many
+// tokens of the chain it holds.
+type lastChain struct {
+	mark   uint64
+	tail   uint64
+	tokens int
 }
 
 func newTruthPolicy(env *Env) (*truthPolicy, error) {
@@ -52,7 +75,65 @@ func newTruthPolicy(env *Env) (*truthPolicy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &truthPolicy{wardenPolicy: p.(*wardenPolicy), env: env, pins: map[string]int{}}, nil
+	tp := &truthPolicy{wardenPolicy: p.(*wardenPolicy), env: env, pins: map[string]int{}, last: map[string]map[int]*lastChain{}}
+	for _, e := range env.fleet.engines {
+		e.EnableKVEvents()
+		tp.chains = append(tp.chains, kvevents.NewChains(0))
+	}
+	return tp, nil
+}
+
+// drain applies the engines' KV cache events so far.
+func (p *truthPolicy) drain() {
+	for i, e := range p.env.fleet.engines {
+		for _, ev := range e.TakeKVEvents() {
+			switch ev.Kind {
+			case engine.BlockStored:
+				p.chains[i].Stored(ev.ParentBlockHash, ev.BlockHashes)
+			case engine.BlockRemoved:
+				p.chains[i].Removed(ev.BlockHashes)
+			}
+		}
+	}
+}
+
+// Hold sends the turn at once, as Pick does, to read its reply's usage.
+func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) func() bool {
+	p.drain()
+	eng, release := p.Pick(a)
+	if eng < 0 {
+		dispatch(eng, nil)
+		return func() bool { return false }
+	}
+	byEngine := p.last[a.Key]
+	if byEngine == nil {
+		byEngine = map[int]*lastChain{}
+		p.last[a.Key] = byEngine
+	}
+	prev := byEngine[eng]
+	mark := p.chains[eng].Mark()
+	dispatch(eng, func(reply selection.Reply) {
+		release()
+		p.drain()
+		if reply.PromptTokens == 0 {
+			return
+		}
+		bs := p.env.Config().Profile.BlockSize
+		computed := (reply.PromptTokens + reply.OutputTokens - 1) / bs
+		var prevTail uint64
+		if prev != nil {
+			prevTail = prev.tail
+		}
+		tail, ok := p.chains[eng].Tail(mark, prevTail, computed-reply.CachedTokens/bs)
+		if !ok {
+			p.unresolved++
+			delete(byEngine, eng)
+			return
+		}
+		p.resolved++
+		byEngine[eng] = &lastChain{mark: mark, tail: tail, tokens: computed * bs}
+	})
+	return func() bool { return false }
 }
 
 func (p *truthPolicy) Pick(a Arrival) (int, func()) {
@@ -76,6 +157,12 @@ func (p *truthPolicy) Pick(a Arrival) (int, func()) {
 			prompt: len(prompt),
 			cached: p.env.fleet.engines[pin].CachedTokens(prompt),
 			system: commonPrefix(prompt, p.system) / bs * bs,
+		}
+		if lc := p.last[a.Key][pin]; lc != nil {
+			if evicted, ok := p.chains[pin].Evicted(lc.tail); ok {
+				j.byEvents = true
+				j.eventsCached = min(max(0, lc.tokens-evicted*bs), len(prompt))
+			}
 		}
 	}
 	eng, d := p.decide(a)
@@ -139,6 +226,9 @@ type truthFigures struct {
 	// Sticky turns admitted in the run found at arrival and got at
 	// admission: the pin may evict a queued turn's prefix meanwhile.
 	stickyHeld, stickyHit float64
+	// resolved and unresolved count the turns whose chain the KV cache
+	// events singled out, or not.
+	resolved, unresolved int
 }
 
 func figures(turns []judgedTurn, other int) truthFigures {
@@ -238,6 +328,31 @@ func TestRehomeJudgementAgainstGroundTruth(t *testing.T) {
 			t.Errorf("%v: own tokens held by turns judged cold %.1f%%, warm %.1f%%", c, 100*f.coldOwn, 100*f.warmOwn)
 		}
 	}
+	var judged, wrong, counterWrong, resolved, unresolved int
+	for _, f := range results {
+		resolved += f.resolved
+		unresolved += f.unresolved
+	}
+	var absErr float64
+	for _, j := range all {
+		if !j.byEvents {
+			continue
+		}
+		judged++
+		absErr += math.Abs(float64(j.eventsCached-j.cached)) / float64(j.prompt)
+		held := j.share() >= 0.5
+		if (float64(j.eventsCached)/float64(j.prompt) >= 0.5) != held {
+			wrong++
+		}
+		if (j.outcome != selection.Rehomed) != held {
+			counterWrong++
+		}
+	}
+	t.Logf("KV cache events: %d of %d turns' chains singled out; %d of %d returning turns judged; cached share error mean %.2f%%; wrong verdicts %.1f%% (the counters' on the same turns %.1f%%)",
+		resolved, resolved+unresolved, judged, len(all), 100*absErr/float64(judged), 100*float64(wrong)/float64(judged), 100*float64(counterWrong)/float64(judged))
+	if judged < len(all)*9/10 || wrong*100 > judged {
+		t.Errorf("KV cache events judged %d of %d turns, %d wrongly: they should judge nearly all, and rightly", judged, len(all), wrong)
+	}
 	f := figures(all, 0)
 	t.Logf("all cells: cold %d, warm %d; false cold %.1f%%, false warm %.1f%%; held cold %.1f%%, warm %.1f%%; own tokens held cold %.1f%%, warm %.1f%%; sticky held %.1f%%, hit %.1f%%",
 		f.cold, f.warm, 100*f.falseCold, 100*f.falseWarm, 100*f.coldShare, 100*f.warmShare, 100*f.coldOwn, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
@@ -291,5 +406,7 @@ func runTruthCell(c truthCell) ([]judgedTurn, truthFigures, error) {
 			p.turns[i].hit = hit
 		}
 	}
-	return p.turns, figures(p.turns, p.other), nil
+	fig := figures(p.turns, p.other)
+	fig.resolved, fig.unresolved = p.resolved, p.unresolved
+	return p.turns, fig, nil
 }

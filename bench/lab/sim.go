@@ -381,6 +381,7 @@ func (s *sim) finish(r *request) {
 	r.release(selection.Reply{
 		TaskEnded:    r.final,
 		PromptTokens: len(r.req.Prompt), CachedTokens: r.req.CachedTokens, CacheReported: true,
+		OutputTokens: r.received,
 	})
 	delete(s.byRequest, r.req)
 	s.slots[r.slot].current = nil
