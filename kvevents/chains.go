@@ -19,9 +19,10 @@ package kvevents
 type Chains struct {
 	max   int
 	nodes map[uint64]*node
-	// uncached lists removed blocks oldest first; their nodes are kept, so that a walk up
-	// from an evicted tail can pass them, until the map is full.
-	uncached []uint64
+	// uncached lists removals oldest first; the removed blocks' nodes are kept, so that a walk
+	// up from an evicted tail can pass them, until forgetOldest drops them.
+	uncached []removal
+	removals uint64 // blocks removed so far
 	// runs is a ring of the latest stored runs, by serial.
 	runs   []run
 	serial uint64 // runs stored so far
@@ -30,19 +31,32 @@ type Chains struct {
 	Overflows uint64
 }
 
-// node is one block: its parent ("" root: 0), when it was last stored, whether it is cached.
+// node is one block: its parent (the root's: 0), the run that last stored it, how many copies
+// of it the cache holds (vLLM may cache a block computed by two requests at once twice, and
+// reports each copy), and the removal that last left it with none.
 type node struct {
-	parent uint64
-	serial uint64 // the serial of the run that last stored it
-	cached bool
+	parent  uint64
+	serial  uint64
+	copies  int
+	removed uint64
 }
+
+// removal is a block left with no copy: the removal's number tells a stale entry of
+// Chains.uncached (the block was stored again, then removed again) from the current one.
+type removal struct{ hash, at uint64 }
 
 // run is a stored run of blocks: the block it extends and its last one.
 type run struct{ parent, last uint64 }
 
-// maxRuns is how many stored runs Tail can look back over: at a run per request per step, a
-// replica running 256 requests at a step every 10 ms stores this many in about 2.5 s.
+// maxRuns is how many stored runs Tail can look back over. vLLM stores a run per request for
+// each prefill chunk and each block its decoding fills: a replica running 256 requests at a
+// step every 10 ms stores about 1,600 a second, so this many cover 40 s.
 const maxRuns = 1 << 16
+
+// remembered is how many evicted blocks are kept beyond as many as are cached: enough to walk
+// up from the tails of conversations evicted during their pause, and memory in proportion to
+// the replica's cache rather than to how long it has run.
+const remembered = 1 << 16
 
 // NewChains returns an empty tree that keeps at most maxBlocks blocks (0: DefaultMaxBlocks).
 func NewChains(maxBlocks int) *Chains {
@@ -71,10 +85,11 @@ func (c *Chains) Stored(parent uint64, hashes []uint64) {
 			}
 			c.nodes[h] = n
 		}
-		if !n.cached {
+		if n.copies == 0 {
 			c.blocks++
 		}
-		n.parent, n.serial, n.cached = parent, serial, true
+		n.copies++
+		n.parent, n.serial = parent, serial
 		parent = h
 	}
 }
@@ -83,11 +98,7 @@ func (c *Chains) Stored(parent uint64, hashes []uint64) {
 // if every block kept is cached.
 func (c *Chains) newNode() *node {
 	for len(c.nodes) >= c.max && len(c.uncached) > 0 {
-		h := c.uncached[0]
-		c.uncached = c.uncached[1:]
-		if n := c.nodes[h]; n != nil && !n.cached {
-			delete(c.nodes, h)
-		}
+		c.forgetOldest()
 	}
 	if len(c.nodes) >= c.max {
 		return nil
@@ -98,10 +109,28 @@ func (c *Chains) newNode() *node {
 // Removed applies a BlockRemoved event.
 func (c *Chains) Removed(hashes []uint64) {
 	for _, h := range hashes {
-		if n := c.nodes[h]; n != nil && n.cached {
-			n.cached, c.blocks = false, c.blocks-1
-			c.uncached = append(c.uncached, h)
+		n := c.nodes[h]
+		if n == nil || n.copies == 0 {
+			continue
 		}
+		if n.copies--; n.copies == 0 {
+			c.blocks--
+			c.removals++
+			n.removed = c.removals
+			c.uncached = append(c.uncached, removal{h, c.removals})
+		}
+	}
+	for len(c.uncached) > c.blocks+remembered {
+		c.forgetOldest()
+	}
+}
+
+// forgetOldest drops the block removed longest ago, unless it was stored again since.
+func (c *Chains) forgetOldest() {
+	r := c.uncached[0]
+	c.uncached = c.uncached[1:]
+	if n := c.nodes[r.hash]; n != nil && n.copies == 0 && n.removed == r.at {
+		delete(c.nodes, r.hash)
 	}
 }
 
@@ -117,18 +146,27 @@ func (c *Chains) Mark() uint64 { return c.serial }
 // vLLM's prefix cache does.
 func (c *Chains) Leading(chain []uint64) int {
 	for i, h := range chain {
-		if n := c.nodes[h]; n == nil || !n.cached {
+		if n := c.nodes[h]; n == nil || n.copies == 0 {
 			return i
 		}
 	}
 	return len(chain)
 }
 
-// Tail returns the last block of the chain a turn stored from mark on: the chain that
-// continues prev, the conversation's last block before the turn (walkNew); or, when prev is 0
-// or no chain continues it, the only chain of blocks new since mark that holds blocks blocks (within
-// one, for the last token vLLM computes or not). ok is false when no chain or more than one
-// fits, or mark is too old.
+// Tail returns the last block of the chain a turn stored from mark on, given prev, the
+// conversation's last block before the turn (0 if none), and blocks, how many blocks the turn
+// computed (its prompt and output tokens less the cached part, in blocks; 0 if unknown):
+//   - the chain that passes through prev (the turn stored prev again after an eviction, or
+//     extended it);
+//   - else the chain of blocks blocks (within one, for the last token vLLM computes or not)
+//     that leaves prev's chain closest before prev, at most reach blocks: the server's
+//     template may render a reply otherwise than it was generated, so the next prompt leaves
+//     the chain a little before its end (a new conversation's chain leaves it further up, in
+//     the shared system prompt);
+//   - else, prev itself if the turn filled no block;
+//   - else the only chain of blocks new blocks, for a new conversation.
+//
+// ok is false when no chain or more than one fits, or mark is too old.
 func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
 	if mark > c.serial || c.serial-mark > maxRuns {
 		return 0, false
@@ -137,25 +175,43 @@ func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
 	for s := mark; s < c.serial; s++ {
 		extended[c.runs[s%maxRuns].parent] = true
 	}
-	var found []uint64
-	best, bestBack := uint64(0), -1
+	lengthOK := func(n int) bool { return blocks > 0 && n >= blocks-1 && n <= blocks+1 }
+	var through, near, fresh []uint64
+	nearest := reach + 1 // the least back of the chains in near
 	for s := mark; s < c.serial; s++ {
 		leaf := c.runs[s%maxRuns].last
 		// A chain's end: no later run extends it, and no later run stored it again.
 		if n := c.nodes[leaf]; n == nil || n.serial != s || extended[leaf] {
 			continue
 		}
-		length, back := c.walkNew(leaf, mark, prev)
+		length, back, ok := c.walkNew(leaf, mark, prev)
 		switch {
-		case back >= 0 && (bestBack < 0 || back < bestBack):
-			best, bestBack = leaf, back
-		case blocks > 0 && length >= blocks-1 && length <= blocks+1:
-			found = append(found, leaf)
+		case !ok:
+		case back == 0:
+			through = append(through, leaf)
+		case back > 0 && lengthOK(length) && back <= nearest:
+			if back < nearest { // a stranger's chain may leave earlier, in the shared prefix
+				near, nearest = near[:0], back
+			}
+			near = append(near, leaf)
+		case back > 0:
+		case lengthOK(length):
+			fresh = append(fresh, leaf)
 		}
 	}
-	if bestBack >= 0 {
-		return best, true
+	for _, found := range [][]uint64{through, near} {
+		if len(found) > 0 {
+			return only(found)
+		}
 	}
+	if prev != 0 && blocks <= 0 {
+		return prev, c.nodes[prev] != nil
+	}
+	return only(fresh)
+}
+
+// only returns found's one element.
+func only(found []uint64) (uint64, bool) {
 	if len(found) != 1 {
 		return 0, false
 	}
@@ -163,12 +219,10 @@ func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
 }
 
 // walkNew walks up from leaf through the blocks stored since mark, and reports how many there
-// are and how far before prev's end they leave prev's chain: 0 when prev is among them (stored
-// again after an eviction) or is the block they extend, i when they extend prev's i-th ancestor
-// (the server's template may render a reply otherwise than it was generated, so the next
-// prompt leaves the chain a little before its end), -1 when they do not continue it within
-// reach.
-func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int) {
+// are and how far before prev's end they leave prev's chain: 0 when prev is among them or is
+// the block they extend, i when they extend prev's i-th ancestor, -1 when they do not continue
+// it within reach. ok is false when the walk loops (a publisher's parents that cycle).
+func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int, ok bool) {
 	x, passed := leaf, false
 	for x != 0 {
 		passed = passed || x == prev
@@ -176,18 +230,20 @@ func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int) {
 		if n == nil || n.serial < mark {
 			break
 		}
-		length++
+		if length++; length > len(c.nodes) {
+			return 0, -1, false
+		}
 		x = n.parent
 	}
 	if passed {
-		return length, 0
+		return length, 0, true
 	}
 	if prev == 0 || x == 0 {
-		return length, -1
+		return length, -1, true
 	}
 	for y, i := prev, 0; y != 0 && i <= reach; i++ {
 		if y == x {
-			return length, i
+			return length, i, true
 		}
 		n := c.nodes[y]
 		if n == nil {
@@ -195,7 +251,7 @@ func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int) {
 		}
 		y = n.parent
 	}
-	return length, -1
+	return length, -1, true
 }
 
 // reach is how many blocks before a conversation's last one its next turn may leave its chain
@@ -204,14 +260,15 @@ const reach = 64
 
 // Evicted reports how many blocks of the chain ending at tail the replica no longer holds,
 // counted from the tail up to the deepest block still cached. ok is false when tail is not
-// known (never stored, or forgotten).
+// known (never stored, or forgotten), when the walk reaches a block no longer known (evicted
+// and forgotten, so how many more are gone is unknown), or when it loops.
 func (c *Chains) Evicted(tail uint64) (evicted int, ok bool) {
 	for x := tail; x != 0; evicted++ {
 		n := c.nodes[x]
-		if n == nil {
-			return evicted, x != tail
-		}
-		if n.cached {
+		switch {
+		case n == nil || evicted > len(c.nodes):
+			return evicted, false
+		case n.copies > 0:
 			return evicted, true
 		}
 		x = n.parent

@@ -92,3 +92,63 @@ func TestChainsAreBounded(t *testing.T) {
 		t.Fatalf("nodes %d, overflows %d, leading %d", len(c.nodes), c.Overflows, c.Leading([]uint64{1, 4, 5, 6}))
 	}
 }
+
+func TestEvictedBlocksAreForgottenInProportionToTheCache(t *testing.T) {
+	c := NewChains(0)
+	for i := range uint64(3 * remembered) {
+		c.Stored(0, []uint64{i + 1}) // a block stored, then evicted, again and again
+		c.Removed([]uint64{i + 1})
+		c.Stored(0, []uint64{1})
+		c.Removed([]uint64{1})
+	}
+	if len(c.nodes) > remembered+1 || len(c.uncached) > remembered {
+		t.Fatalf("%d nodes, %d uncached kept: evicted blocks must not pile up", len(c.nodes), len(c.uncached))
+	}
+}
+
+func TestTailOfATurnThatFilledNoBlockIsTheLastOne(t *testing.T) {
+	c := newTestChains(0)
+	c.Stored(2, []uint64{10, 11})
+	mark := c.Mark()
+	c.Stored(2, []uint64{30, 31, 32, 33}) // another conversation's, leaving C's chain at 2
+	if tail, ok := c.Tail(mark, 11, 0); !ok || tail != 11 {
+		t.Fatalf("Tail = %d, %v; want 11: the turn stored nothing new", tail, ok)
+	}
+}
+
+func TestCopiesOfABlockAreCounted(t *testing.T) {
+	c := newTestChains(0)
+	c.Stored(2, []uint64{10}) // two requests computed block 10 at once
+	c.Stored(2, []uint64{10})
+	c.Removed([]uint64{10})
+	if n, ok := c.Evicted(10); !ok || n != 0 {
+		t.Fatalf("one copy of two evicted: Evicted = %d, %v; want 0", n, ok)
+	}
+	c.Removed([]uint64{10})
+	if n, ok := c.Evicted(10); !ok || n != 1 {
+		t.Fatalf("both copies evicted: Evicted = %d, %v; want 1", n, ok)
+	}
+}
+
+func TestForgottenAndLoopingChainsAreNotJudged(t *testing.T) {
+	c := NewChains(3)
+	c.Stored(0, []uint64{1, 2, 3})
+	c.Removed([]uint64{1})
+	c.Removed([]uint64{3, 2})
+	c.Stored(0, []uint64{9}) // forgets 1, removed first
+	if n, ok := c.Evicted(3); ok {
+		t.Fatalf("Evicted = %d, true: block 1 was forgotten, how much is gone is unknown", n)
+	}
+	c = NewChains(0)
+	c.Stored(6, []uint64{5}) // parents that cycle, from a broken publisher
+	c.Stored(5, []uint64{6})
+	mark := c.Mark()
+	c.Stored(5, []uint64{8})
+	c.Removed([]uint64{5, 6})
+	if _, ok := c.Evicted(6); ok {
+		t.Fatal("a looping chain was judged")
+	}
+	if _, ok := c.Tail(mark-2, 0, 3); ok {
+		t.Fatal("a looping chain was singled out")
+	}
+}
