@@ -149,11 +149,15 @@ func (f *inFlight) set(d selection.Decision) {
 // release gives back the in-flight count first, so that a turn load
 // control admits in the room the ticket's end frees sees it.
 func (f *inFlight) release() {
-	f.set(selection.Decision{})
 	var reply selection.Reply
 	if r := f.reply.Load(); r != nil {
 		reply = *r
 	}
+	f.mu.Lock()
+	last := f.d
+	f.d = selection.Decision{}
+	f.mu.Unlock()
+	last.End(reply)
 	f.ticket.End(time.Now(), reply)
 }
 

@@ -235,6 +235,9 @@ func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
 		if e.Has(metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks) {
 			l.KVTokens += e.NumGPUBlocks * e.BlockSize
 		}
+		if e.Has(metricsfeed.FieldBlockSize) {
+			l.BlockSize = e.BlockSize
+		}
 		if e.Has(metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits | metricsfeed.FieldGenerationTokens) {
 			l.Written += e.PrefixQueries - e.PrefixHits + e.GenerationTokens
 		}

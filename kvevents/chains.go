@@ -155,7 +155,7 @@ func (c *Chains) Leading(chain []uint64) int {
 
 // Tail returns the last block of the chain a turn stored from mark on, given prev, the
 // conversation's last block before the turn (0 if none), and blocks, how many blocks the turn
-// computed (its prompt and output tokens less the cached part, in blocks; 0 if unknown):
+// computed (its prompt and output tokens less the cached part, in blocks; negative if unknown):
 //   - the chain that passes through prev (the turn stored prev again after an eviction, or
 //     extended it);
 //   - else the chain of blocks blocks (within one, for the last token vLLM computes or not)
@@ -204,7 +204,7 @@ func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
 			return only(found)
 		}
 	}
-	if prev != 0 && blocks <= 0 {
+	if prev != 0 && blocks == 0 {
 		return prev, c.nodes[prev] != nil
 	}
 	return only(fresh)

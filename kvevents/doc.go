@@ -3,8 +3,8 @@
 // event batch and keeps the tree of blocks the replica stored (Chains): which block each one
 // extends and whether it is still cached. Cached says how many leading blocks of a prompt's
 // block-hash chain the replica would serve from its cache; Tail and Evicted follow a
-// conversation's chain without hashing its prompt, so without the model's tokenizer. It is not
-// wired into routing yet.
+// conversation's chain without hashing its prompt, so without the model's tokenizer, which is
+// what rehoming reads (selection/chains.go).
 //
 // # Wire format
 //

@@ -135,13 +135,18 @@ func (d Decision) Replica() (rep Replica, ok bool) {
 
 // Release gives back the request's in-flight count when it ends, however
 // it ends.
-func (d Decision) Release() {
+func (d Decision) Release() { d.End(Reply{}) }
+
+// End is Release for a request whose reply is known: what it reports of
+// its usage lets the replica's KV cache events follow the conversation
+// (chains.go).
+func (d Decision) End(reply Reply) {
 	if d.rep == nil {
 		return
 	}
 	d.rep.untake(d.tokens)
 	if d.router != nil {
-		d.router.ended(d.key, d.rep)
+		d.router.ended(d.key, d.rep, reply)
 	}
 }
 

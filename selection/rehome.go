@@ -76,6 +76,7 @@ func (v *View) placeFor(usable func(string) bool, key uint64, mode placement) *r
 // request there ends.
 func (d Decision) onPin(v *View, e *session, key uint64, prompt int) Decision {
 	if e.pin == d.rep {
+		e.sent(d.rep)
 		e.busy++
 		e.released = false
 		if prompt > 0 {
@@ -86,9 +87,10 @@ func (d Decision) onPin(v *View, e *session, key uint64, prompt int) Decision {
 	return d
 }
 
-// ended records that a request of key's conversation on rep ended: when it
-// was the last one there, the entry notes rep's writes and free room now.
-func (r *Router) ended(key uint64, rep *replicaState) {
+// ended records that a request of key's conversation on rep ended, with
+// reply: when it was the last one there, the entry notes rep's writes and
+// free room now, and what reply says of the chain it stored.
+func (r *Router) ended(key uint64, rep *replicaState, reply Reply) {
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -99,6 +101,7 @@ func (r *Router) ended(key uint64, rep *replicaState) {
 	if e.busy--; e.busy > 0 {
 		return
 	}
+	e.replied(reply)
 	l := rep.load.Load()
 	// Written is 0 both without the counters and before the engine wrote
 	// anything: either way there is nothing to judge by.
@@ -112,7 +115,13 @@ func (r *Router) ended(key uint64, rep *replicaState) {
 // than the free room it had then plus ColdShare of the conversation's last
 // prompt. A pin whose counters went back (a restarted engine) lost it all.
 func (e *session) cold() bool {
-	if !e.released || e.busy > 0 || e.lastPrompt <= 0 {
+	if e.busy > 0 || e.lastPrompt <= 0 {
+		return false
+	}
+	if cold, ok := e.coldByChain(); ok {
+		return cold
+	}
+	if !e.released {
 		return false
 	}
 	l := e.pin.load.Load()

@@ -28,6 +28,9 @@ type Load struct {
 	// KVTokens is the KV cache's size in tokens (num_gpu_blocks ×
 	// block_size), 0 when the metrics do not say.
 	KVTokens int
+	// BlockSize is the KV cache's block size in tokens, 0 when the metrics
+	// do not say.
+	BlockSize int
 	// Written counts the tokens the engine has written to its KV cache
 	// (prompt tokens not served from the prefix cache plus generated
 	// tokens), a counter; 0 when the metrics do not say. What was written
@@ -60,6 +63,9 @@ type replicaState struct {
 	active   atomic.Int64 // of those, used within the active window
 	load     atomic.Pointer[Load]
 	healthy  atomic.Bool
+	// chains, when set, is what the replica's KV cache events tell of
+	// conversations' chains (chains.go).
+	chains atomic.Pointer[chainSource]
 
 	sticky       atomic.Uint64 // requests served here as the session's pin
 	placed       atomic.Uint64 // new sessions pinned here

@@ -32,7 +32,9 @@ type session struct {
 	released            bool
 	relWritten, relFree float64
 	lastPrompt          int
-	prev, next          *session
+	// chain is what the pin's KV cache events tell of the conversation.
+	chain      chain
+	prev, next *session
 }
 
 type sessionShard struct {
