@@ -25,6 +25,7 @@ var policyFactories = map[string]PolicyFactory{
 	PolicyAdmission:       newAdmissionPolicy(selection.AdmissionConfig{}),
 	PolicyAdmissionGentle: newAdmissionPolicy(gentleAdmission),
 	PolicyAdmissionFarm:   newAdmissionPolicy(farmAdmission),
+	PolicyWardenEvents:    newEventsPolicy,
 }
 
 // wardenPolicy is the warden policy as Caddy runs it: the same fleet

@@ -54,6 +54,9 @@ type Env struct {
 	rng   *rand.Rand
 	tasks []*task
 	run   *sim // the run in progress
+	// kvEvents, when set, receives each engine's KV cache events at the
+	// end of each of its steps, as vLLM publishes them.
+	kvEvents func(engine int, events []engine.KVEvent)
 }
 
 // task is periodic work of a policy; next survives from one run to the next
@@ -65,7 +68,19 @@ type task struct {
 }
 
 func newEnv(cfg Config, f *simFleet, seed int64) *Env {
+	for _, e := range f.engines { // a warm fleet: the last policy may have followed them
+		e.DisableKVEvents()
+	}
 	return &Env{cfg: cfg, fleet: f, rng: rand.New(rand.NewPCG(uint64(seed), 0x1ab))}
+}
+
+// FollowKVEvents has fn receive each engine's KV cache events at the end of
+// each of its steps, as a subscriber to vLLM's publisher would.
+func (e *Env) FollowKVEvents(fn func(engine int, events []engine.KVEvent)) {
+	for _, eng := range e.fleet.engines {
+		eng.EnableKVEvents()
+	}
+	e.kvEvents = fn
 }
 
 // Config returns the lab's configuration (profile, metrics interval, spill threshold).

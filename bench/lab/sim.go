@@ -363,6 +363,9 @@ func (s *sim) startStep(eng int) {
 // endStep delivers the step's tokens, which may send follow-up turns, then
 // starts the engine's next step at once, as vLLM's busy loop does.
 func (s *sim) endStep(eng int) {
+	if s.env.kvEvents != nil {
+		s.env.kvEvents(eng, s.fleet.engines[eng].TakeKVEvents())
+	}
 	for _, ev := range s.stepEvents[eng] {
 		r := s.byRequest[ev.Req]
 		r.received++

@@ -36,6 +36,9 @@ func (e *Engine) EnableKVEvents() {
 	}
 }
 
+// DisableKVEvents stops the log and drops what it holds.
+func (e *Engine) DisableKVEvents() { e.pool.kvEvents = nil }
+
 // TakeKVEvents returns the cache changes since the last call, in the order they happened, and
 // forgets them, like vLLM's KVCacheManager.take_events after each step. The caller owns the
 // slice. It returns nil unless EnableKVEvents was called.
