@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -40,9 +41,10 @@ func init() {
 //				dir <path>
 //				startup_timeout <duration>
 //				stop_grace <duration>
+//				kv_events tcp://<host:port> [<topic>]  # where it publishes its KV cache events
 //			}
 //			server <host:port> ranks <n>      # or one server with internal DP
-//			server [<host:port> ranks <n>] { process ... }
+//			server [<host:port> ranks <n>] { process ... kv_events ... }
 //			max_num_seqs <n>
 //			spill_threshold auto|<n>
 //			affinity on|off
@@ -152,7 +154,7 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 					return nil, err
 				}
 			}
-			r.Process, err = parseProcessBlock(d)
+			r.Process, r.KVEvents, err = parseServerBlock(d)
 			m.Replicas = append(m.Replicas, r)
 		case "server":
 			m.Server, err = parseServer(d)
@@ -235,59 +237,84 @@ func parseServer(d *caddyfile.Dispenser) (*ServerConfig, error) {
 		return nil, d.Err("expected: server <host:port> ranks <n>")
 	}
 	var err error
-	srv.Process, err = parseProcessBlock(d)
+	srv.Process, srv.KVEvents, err = parseServerBlock(d)
 	if err == nil && srv.Address == "" && srv.Process == nil {
 		err = d.Err("expected: server <host:port> ranks <n>, or a block with a process")
 	}
 	return srv, err
 }
 
-// parseProcessBlock reads the optional block of a replica or server.
-func parseProcessBlock(d *caddyfile.Dispenser) (*ProcessConfig, error) {
+// parseServerBlock reads the optional block of a replica or server: the
+// process the app launches, and where the server publishes its KV cache
+// events.
+func parseServerBlock(d *caddyfile.Dispenser) (*ProcessConfig, *KVEventsConfig, error) {
 	var p *ProcessConfig
+	var events *KVEventsConfig
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt == "kv_events" {
+			events = &KVEventsConfig{}
+			if !d.Args(&events.Endpoint) {
+				return nil, nil, d.Err("kv_events: expected the publisher's endpoint, tcp://host:port, and optionally its topic")
+			}
+			if err := kvevents.CheckEndpoint(events.Endpoint); err != nil {
+				return nil, nil, d.Errf("kv_events: %v", err)
+			}
+			d.Args(&events.Topic)
+			if d.NextArg() {
+				return nil, nil, d.Errf("kv_events: unexpected argument %q", d.Val())
+			}
+			continue
+		}
 		if p == nil {
 			p = &ProcessConfig{}
 		}
-		opt := d.Val()
-		var err error
-		switch opt {
-		case "process":
-			p.Command = d.RemainingArgs()
-			if len(p.Command) == 0 {
-				return nil, d.Err("process: expected a command, e.g. process vllm serve MODEL --port 8001")
-			}
-		case "env":
-			var name, value string
-			if !d.Args(&name, &value) {
-				return nil, d.Err("env: expected a name and a value")
-			}
-			if p.Env == nil {
-				p.Env = map[string]string{}
-			}
-			p.Env[name] = value
-		case "dir":
-			if !d.Args(&p.Dir) {
-				return nil, d.Err("dir: expected a directory")
-			}
-		case "startup_timeout":
-			p.StartupTimeout, err = duration(d)
-		case "stop_grace":
-			p.StopGrace, err = duration(d)
-		default:
-			return nil, d.Errf("unrecognized process option %q; expected process, env, dir, startup_timeout or stop_grace", opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if d.NextArg() {
-			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
+		if err := parseProcessOption(d, p, opt); err != nil {
+			return nil, nil, err
 		}
 	}
 	if p != nil && len(p.Command) == 0 {
-		return nil, d.Err("the block needs a process line")
+		return nil, nil, d.Err("the block needs a process line")
 	}
-	return p, nil
+	return p, events, nil
+}
+
+// parseProcessOption reads one option of a launched server.
+func parseProcessOption(d *caddyfile.Dispenser, p *ProcessConfig, opt string) error {
+	var err error
+	switch opt {
+	case "process":
+		p.Command = d.RemainingArgs()
+		if len(p.Command) == 0 {
+			return d.Err("process: expected a command, e.g. process vllm serve MODEL --port 8001")
+		}
+	case "env":
+		var name, value string
+		if !d.Args(&name, &value) {
+			return d.Err("env: expected a name and a value")
+		}
+		if p.Env == nil {
+			p.Env = map[string]string{}
+		}
+		p.Env[name] = value
+	case "dir":
+		if !d.Args(&p.Dir) {
+			return d.Err("dir: expected a directory")
+		}
+	case "startup_timeout":
+		p.StartupTimeout, err = duration(d)
+	case "stop_grace":
+		p.StopGrace, err = duration(d)
+	default:
+		return d.Errf("unrecognized option %q; expected process, env, dir, startup_timeout, stop_grace or kv_events", opt)
+	}
+	if err != nil {
+		return err
+	}
+	if d.NextArg() {
+		return d.Errf("%s: unexpected argument %q", opt, d.Val())
+	}
+	return nil
 }
 
 func parseSpillThreshold(d *caddyfile.Dispenser, m *ModelConfig) error {

@@ -87,8 +87,12 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tdir\n\t\t}"), 5, "dir: expected a directory"},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tstop_grace never\n\t\t}"), 5, `stop_grace: expected a positive duration such as 30s or 5m, got "never"`},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tuser vllm\n\t\t}"), 5,
-			`unrecognized process option "user"; expected process, env, dir, startup_timeout or stop_grace`},
+			`unrecognized option "user"; expected process, env, dir, startup_timeout, stop_grace or kv_events`},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tdir /a /b\n\t\t}"), 5, `dir: unexpected argument "/b"`},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events\n\t\t}"), 4, "kv_events: expected the publisher's endpoint, tcp://host:port, and optionally its topic"},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://*:5557\n\t\t}"), 4, `kv_events: kvevents: endpoint "tcp://*:5557" is where vLLM binds; give the host to connect to, e.g. tcp://127.0.0.1:5557`},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events ipc:///tmp/kv\n\t\t}"), 4, `must be tcp://host:port`},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:5557 topic extra\n\t\t}"), 4, `kv_events: unexpected argument "extra"`},
 		// As hostile_test.go TestCaddyfileErrorsNameTheLine expects.
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions -5"), 4, `max_sessions: expected a positive integer, got "-5"`},
 		{wardenOption("replicas 127.0.0.1:1\n\n\t\tmetrics_interval 0s"), 5, `metrics_interval: expected a positive duration such as 30s or 5m, got "0s"`},
@@ -207,6 +211,16 @@ func TestParseModelValues(t *testing.T) {
 	m = parse(t, "server 127.0.0.1:7000 ranks 2 {\n\t\t\tprocess vllm serve m --port 7000 --data-parallel-size 4\n\t\t}")
 	if m.Server.Ranks != 2 || m.Server.Address != "127.0.0.1:7000" {
 		t.Errorf("server %+v, want 127.0.0.1:7000 with 2 ranks", m.Server)
+	}
+	// KV cache events: a replica's alone, with or without a process; a
+	// server's ranks on consecutive ports.
+	m = parse(t, "replica 127.0.0.1:7001 {\n\t\t\tkv_events tcp://127.0.0.1:5557 kv-events\n\t\t}\n\t\treplica 127.0.0.1:7002")
+	if ev := m.kvEvents(); len(ev) != 1 || ev["127.0.0.1:7001"] != (KVEventsConfig{Endpoint: "tcp://127.0.0.1:5557", Topic: "kv-events"}) || m.Replicas[0].Process != nil {
+		t.Errorf("a replica's kv_events: %+v, process %+v", ev, m.Replicas[0].Process)
+	}
+	m = parse(t, "server 127.0.0.1:7000 ranks 2 {\n\t\t\tkv_events tcp://127.0.0.1:5557\n\t\t}")
+	if ev := m.kvEvents(); len(ev) != 2 || ev["127.0.0.1:7000#0"].Endpoint != "tcp://127.0.0.1:5557" || ev["127.0.0.1:7000#1"].Endpoint != "tcp://127.0.0.1:5558" {
+		t.Errorf("a server's kv_events: %+v", ev)
 	}
 }
 
@@ -343,6 +357,30 @@ func TestDirectivesThroughTheAdapter(t *testing.T) {
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want %q", c.site, err, c.want)
+		}
+	}
+}
+
+// The JSON form's kv_events is checked at load, with the model's name.
+func TestKVEventsValidate(t *testing.T) {
+	for _, c := range []struct {
+		replica ReplicaConfig
+		server  *ServerConfig
+		want    string
+	}{
+		{ReplicaConfig{Address: "127.0.0.1:1", KVEvents: &KVEventsConfig{Endpoint: "tcp://127.0.0.1:5557"}}, nil, ""},
+		{ReplicaConfig{Address: "127.0.0.1:1", KVEvents: &KVEventsConfig{Endpoint: "127.0.0.1:5557"}}, nil,
+			`model "m": kv_events: kvevents: endpoint "127.0.0.1:5557" must be tcp://host:port`},
+		{ReplicaConfig{}, &ServerConfig{Address: "127.0.0.1:1", Ranks: 2, KVEvents: &KVEventsConfig{Endpoint: "tcp://:5557"}},
+			`model "m": kv_events: kvevents: endpoint "tcp://:5557" is where vLLM binds`},
+	} {
+		m := ModelConfig{Server: c.server}
+		if c.server == nil {
+			m.Replicas = []ReplicaConfig{c.replica}
+		}
+		err := m.validate("m")
+		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%+v %+v: %v, want %q", c.replica, c.server, err, c.want)
 		}
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/lmwarden/caddy-warden/fleet"
+	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -94,6 +96,20 @@ type ReplicaConfig struct {
 	Address string `json:"address"`
 	// Process, when set, is the vLLM server the app launches and supervises.
 	Process *ProcessConfig `json:"process,omitempty"`
+	// KVEvents, when set, is where the server publishes its KV cache events.
+	KVEvents *KVEventsConfig `json:"kv_events,omitempty"`
+}
+
+// KVEventsConfig is where a vLLM server publishes its KV cache events
+// (--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+// "endpoint": "tcp://*:5557"}'): rehoming then judges the conversations
+// pinned there by the blocks the server evicted (selection/chains.go).
+type KVEventsConfig struct {
+	// Endpoint is tcp://host:port, the publisher's port on the server's
+	// host; a server's rank r publishes on port + r.
+	Endpoint string `json:"endpoint"`
+	// Topic is the publisher's topic (vLLM's default: none).
+	Topic string `json:"topic,omitempty"`
 }
 
 // ServerConfig is one vLLM server with internal data parallelism.
@@ -104,6 +120,8 @@ type ServerConfig struct {
 	Ranks int `json:"ranks"`
 	// Process, when set, is the vLLM server the app launches and supervises.
 	Process *ProcessConfig `json:"process,omitempty"`
+	// KVEvents, when set, is where the server publishes its KV cache events.
+	KVEvents *KVEventsConfig `json:"kv_events,omitempty"`
 }
 
 // ProcessConfig is a vLLM server the warden app runs: started with Caddy,
@@ -161,6 +179,11 @@ func (c *ModelConfig) validate(name string) error {
 	if err := c.LoadControl.validate(); err != nil {
 		return fmt.Errorf("model %q: %v", name, err)
 	}
+	for _, ev := range c.kvEvents() {
+		if err := kvevents.CheckEndpoint(ev.Endpoint); err != nil {
+			return fmt.Errorf("model %q: kv_events: %v", name, err)
+		}
+	}
 	seen := map[string]bool{}
 	for _, a := range c.addresses() {
 		if a == "" {
@@ -208,6 +231,37 @@ func (c *ModelConfig) replicas() []selection.Replica {
 		out[i] = selection.Replica{ID: r.Address, Address: r.Address}
 	}
 	return out
+}
+
+// kvEvents is where each replica that publishes its KV cache events does,
+// by replica ID: a server's rank r on the endpoint's port + r, as vLLM's
+// data-parallel ranks publish.
+func (c *ModelConfig) kvEvents() map[string]KVEventsConfig {
+	out := map[string]KVEventsConfig{}
+	if c.Server != nil && c.Server.KVEvents != nil {
+		for _, rep := range c.replicas() {
+			ev := *c.Server.KVEvents
+			ev.Endpoint = offsetPort(ev.Endpoint, rep.Rank)
+			out[rep.ID] = ev
+		}
+	}
+	for _, r := range c.Replicas {
+		if r.KVEvents != nil {
+			out[r.Address] = *r.KVEvents
+		}
+	}
+	return out
+}
+
+// offsetPort adds n to the port of a tcp://host:port endpoint; an endpoint
+// that is not one is returned as it is, for validation to reject.
+func offsetPort(endpoint string, n int) string {
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || n == 0 {
+		return endpoint
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+n))
 }
 
 // fleetSpec is the model's runtime configuration; shared is its pin store,

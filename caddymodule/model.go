@@ -41,8 +41,9 @@ type model struct {
 	pins   pinSnapshot
 
 	mu     sync.Mutex
-	live   []*modelLoad       // started and not stopped, oldest first
-	cancel context.CancelFunc // stops the poller and sweeper; nil when not running
+	live   []*modelLoad          // started and not stopped, oldest first
+	feeds  map[kvFeedKey]*kvFeed // the replicas' KV cache events the live loads follow
+	cancel context.CancelFunc    // stops the poller and sweeper; nil when not running
 	done   chan struct{}
 	sync   *storeSync // the applied load's pin store exchanging with the others
 }
@@ -58,6 +59,9 @@ type modelLoad struct {
 	logger  *zap.Logger
 	// store shares the pins with other Caddy instances; nil keeps them local.
 	store *pinstore.Store
+	// feeds follow the replicas' KV cache events, by replica ID, from Start
+	// to Stop (model.mu).
+	feeds map[string]*kvFeed
 }
 
 // loadModel takes a reference on the model's live state, creating it for a
@@ -65,7 +69,7 @@ type modelLoad struct {
 // it. Nothing the running config uses changes.
 func loadModel(name string, cfg *ModelConfig, store *pinstore.Store, storage certmagic.Storage, logger *zap.Logger) (*modelLoad, error) {
 	v, _, err := models.LoadOrNew(name, func() (caddy.Destructor, error) {
-		m := &model{name: name, pins: pinSnapshot{key: pinSnapshotKey(name)}}
+		m := &model{name: name, pins: pinSnapshot{key: pinSnapshotKey(name)}, feeds: map[kvFeedKey]*kvFeed{}}
 		m.fleet = fleet.New(name, cfg.metricsInterval(), time.Now(), m.logHealthChange)
 		// Its own transport, so that Destruct can close its idle connections.
 		m.transport = http.DefaultTransport.(*http.Transport).Clone()
@@ -106,6 +110,7 @@ func (m *model) activate(l *modelLoad) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.live = append(m.live, l)
+	m.acquireFeedsLocked(l)
 	m.applyLocked(l)
 	m.restorePins(l, time.Now())
 }
@@ -123,6 +128,7 @@ func (m *model) deactivate(l *modelLoad) (last bool) {
 		return false
 	}
 	m.live = slices.Delete(m.live, i, i+1)
+	m.releaseFeedsLocked(l)
 	if i == len(m.live) && len(m.live) > 0 {
 		m.applyLocked(m.live[len(m.live)-1])
 	}
@@ -140,6 +146,7 @@ func (m *model) deactivate(l *modelLoad) (last bool) {
 func (m *model) applyLocked(l *modelLoad) {
 	m.logger.Store(l.logger)
 	m.fleet.Apply(l.plan)
+	l.followFeeds()
 	m.poller.SetTargets(l.plan.Addresses())
 	for _, p := range l.procs {
 		p.logTo(l.logger, m.name)
@@ -226,7 +233,12 @@ func (m *model) Destruct() error {
 	cancel, done := m.cancel, m.done
 	m.cancel = nil
 	m.syncStoreLocked(nil)
+	feeds := m.feeds
+	m.feeds = map[kvFeedKey]*kvFeed{}
 	m.mu.Unlock()
+	for _, f := range feeds {
+		f.sub.Close()
+	}
 	if cancel != nil {
 		cancel()
 		<-done

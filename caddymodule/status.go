@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/pinstore"
 	"github.com/lmwarden/caddy-warden/selection"
@@ -189,6 +190,15 @@ type ReplicaStatus struct {
 	KVCapacityTokens *int `json:"kv_capacity_tokens"`
 	// Process is the launched vLLM server's state, when warden runs it.
 	Process *supervise.State `json:"process,omitempty"`
+	// KVEvents is how well warden follows the replica's KV cache events,
+	// when it publishes them (kv_events).
+	KVEvents *KVEventsStatus `json:"kv_events,omitempty"`
+}
+
+// KVEventsStatus is a replica's KV cache events as warden follows them.
+type KVEventsStatus struct {
+	Endpoint string `json:"endpoint"`
+	kvevents.Stats
 }
 
 // status assembles the model's panel from the load's routing view and the
@@ -282,6 +292,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			row.Health = h.String()
 		}
 		row.Process = l.processState(rs.Address)
+		row.KVEvents = l.kvEventsStatus(rs.ID)
 		out.Replicas = append(out.Replicas, row)
 	}
 	out.PrefixHitRate = knownRate(f.Rates(now, hitRateWindow))

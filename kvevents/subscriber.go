@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -28,11 +30,11 @@ type Options struct {
 
 // Stats says how well the events follow the replica.
 type Stats struct {
-	Blocks    int    // blocks cached
-	Batches   uint64 // batches applied
-	Gaps      uint64 // times batches were missed or the publisher restarted: the view may be stale
-	Garbage   uint64 // messages skipped because they were not well-formed batches of the topic
-	Overflows uint64 // stored blocks not kept because MaxBlocks were, all cached
+	Blocks    int    `json:"blocks"`    // blocks cached
+	Batches   uint64 `json:"batches"`   // batches applied
+	Gaps      uint64 `json:"gaps"`      // times batches were missed or the publisher restarted: the view may be stale
+	Garbage   uint64 `json:"garbage"`   // messages skipped because they were not well-formed batches of the topic
+	Overflows uint64 `json:"overflows"` // stored blocks not kept because MaxBlocks were, all cached
 }
 
 // Subscriber follows one replica's KV cache events from its own goroutine until Close.
@@ -49,13 +51,29 @@ type Subscriber struct {
 	stats   Stats
 }
 
+// CheckEndpoint reports whether endpoint is one Subscribe can connect to: tcp://host:port.
+func CheckEndpoint(endpoint string) error {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return fmt.Errorf("kvevents: endpoint %q must be tcp://host:port", endpoint)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil || port == "":
+		return fmt.Errorf("kvevents: endpoint %q must be tcp://host:port", endpoint)
+	case host == "" || host == "*":
+		return fmt.Errorf("kvevents: endpoint %q is where vLLM binds; give the host to connect to, e.g. tcp://127.0.0.1:%s", endpoint, port)
+	}
+	return nil
+}
+
 // Subscribe starts following the publisher at o.Endpoint. It returns at once: the connection
 // is made, and remade, in the background.
 func Subscribe(o Options) (*Subscriber, error) {
-	addr, ok := strings.CutPrefix(o.Endpoint, "tcp://")
-	if !ok || addr == "" {
-		return nil, errors.New("kvevents: endpoint must be tcp://host:port")
+	if err := CheckEndpoint(o.Endpoint); err != nil {
+		return nil, err
 	}
+	addr := strings.TrimPrefix(o.Endpoint, "tcp://")
 	if o.MaxBlocks < 0 {
 		return nil, errors.New("kvevents: MaxBlocks must not be negative")
 	}
