@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/lab"
+	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
 )
 
@@ -20,6 +24,7 @@ func TestShortRun(t *testing.T) {
 		t.Skip("builds and runs Caddy and the simulator")
 	}
 	w := agentload.DefaultConfig()
+	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rows, err := Run(ctx, Options{
@@ -31,17 +36,17 @@ func TestShortRun(t *testing.T) {
 		Duration:   40 * time.Second,
 		BlockSize:  16,
 		TimeScale:  10,
-		Policies:   []string{"off", "warden"},
+		Policies:   []string{"off", "warden", lab.PolicyWardenEvents},
 		Seed:       1,
 		Workload:   w,
-		WorkDir:    t.TempDir(),
+		WorkDir:    dir,
 		Fresh:      true,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 {
-		t.Fatalf("%d rows, want 2", len(rows))
+	if len(rows) != 3 {
+		t.Fatalf("%d rows, want 3", len(rows))
 	}
 	for _, r := range rows {
 		t.Logf("%+v", r)
@@ -56,6 +61,20 @@ func TestShortRun(t *testing.T) {
 	}
 	if rows[1].StayedPercent != 100 {
 		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
+	}
+	// warden-events follows each replica's KV cache events.
+	raw, err := os.ReadFile(filepath.Join(dir, "admin-"+lab.PolicyWardenEvents+"-2.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status caddymodule.ModelStatus
+	if err := json.Unmarshal(raw, &status); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range status.Replicas {
+		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 {
+			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage", r.ID, ev)
+		}
 	}
 }
 

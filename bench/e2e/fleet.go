@@ -16,14 +16,20 @@ import (
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
+// kvEventsTopic is the simulators' KV cache events topic.
+const kvEventsTopic = "kv-events"
+
 // Sim is one running vllmsim process.
 type Sim struct {
 	Addr string // host:port of its API
-	bin  string
-	args []string
-	log  io.Writer
-	cmd  *exec.Cmd
-	done chan struct{}
+	// KVEvents is where it publishes its KV cache events, tcp://host:port
+	// (one server per replica only).
+	KVEvents string
+	bin      string
+	args     []string
+	log      io.Writer
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
 // StartSims runs the simulated vLLM fleet: one server per replica, or one
@@ -48,6 +54,15 @@ func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 			"--seed", strconv.FormatUint(o.Seed, 10),
 			"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
 		}, o.SimArgs...)}
+		if o.Topology == TopologyServers {
+			events, err := caddyproc.FreeAddr()
+			if err != nil {
+				return nil, err
+			}
+			s.KVEvents = "tcp://" + events
+			s.args = append(s.args, "--kv-events-config",
+				fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": %q, "topic": %q}`, s.KVEvents, kvEventsTopic))
+		}
 		if err := s.start(); err != nil {
 			StopSims(sims)
 			return nil, err

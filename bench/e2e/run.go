@@ -93,7 +93,8 @@ var policiesFor = map[string][]string{
 // "warden-nofingerprint" keys no header-less conversation,
 // "warden-admission" turns load control on (its times scaled like the
 // replicas', as scaled writes them), "warden-admission-farm" with the farm
-// preset (lab.PolicyAdmissionFarm). Every warden runs behind
+// preset (lab.PolicyAdmissionFarm), "warden-events" following the replicas'
+// KV cache events (lab.PolicyWardenEvents). Every warden runs behind
 // warden_stop_reason, which load control reads the replies' ends with.
 var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
 	"warden-nosubagents":    fixed("subagents off"),
@@ -101,6 +102,7 @@ var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
 	"warden-nofingerprint":  fixed("fingerprint off"),
 	"warden-admission":      loadControl(""),
 	"warden-admission-farm": farmLoadControl,
+	lab.PolicyWardenEvents:  fixed(""), // its replicas' lines follow their KV cache events
 }
 
 // loadControl is a load_control block with options, its times scaled.
@@ -132,7 +134,12 @@ func Policies(topology string) []string {
 	if len(out) == 0 {
 		return nil
 	}
-	return append(out, slices.Sorted(maps.Keys(wardenVariants))...)
+	for _, v := range slices.Sorted(maps.Keys(wardenVariants)) {
+		if v != lab.PolicyWardenEvents || topology == TopologyServers { // ranks publish on consecutive ports, which a run does not reserve
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 func (o *Options) check() error {
@@ -259,8 +266,15 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 	}
 	scaled := func(d time.Duration) string { return time.Duration(float64(d) / o.TimeScale).String() }
 	model := "replicas " + strings.Join(upstreams, " ")
-	if o.Topology == TopologyRanks {
+	switch {
+	case o.Topology == TopologyRanks:
 		model = fmt.Sprintf("server %s ranks %d", upstreams[0], o.Replicas)
+	case policy == lab.PolicyWardenEvents:
+		var lines []string
+		for _, s := range sims {
+			lines = append(lines, fmt.Sprintf("replica %s {\n\t\t\t\tkv_events %s %s\n\t\t\t}", s.Addr, s.KVEvents, kvEventsTopic))
+		}
+		model = strings.Join(lines, "\n\t\t\t")
 	}
 	compactionInterval := cmp.Or(o.CompactionInterval, time.Minute)
 	options := ""
