@@ -253,6 +253,9 @@ func parseServerBlock(d *caddyfile.Dispenser) (*ProcessConfig, *KVEventsConfig, 
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		if opt == "kv_events" {
+			if events != nil {
+				return nil, nil, d.Err("kv_events given twice")
+			}
 			events = &KVEventsConfig{}
 			if !d.Args(&events.Endpoint) {
 				return nil, nil, d.Err("kv_events: expected the publisher's endpoint, tcp://host:port, and optionally its topic")

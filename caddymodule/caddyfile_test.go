@@ -93,6 +93,8 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://*:5557\n\t\t}"), 4, `kv_events: kvevents: endpoint "tcp://*:5557" is where vLLM binds; give the host to connect to, e.g. tcp://127.0.0.1:5557`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events ipc:///tmp/kv\n\t\t}"), 4, `must be tcp://host:port`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:5557 topic extra\n\t\t}"), 4, `kv_events: unexpected argument "extra"`},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:70000\n\t\t}"), 4, `the port in 1-65535`},
+		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:1\n\t\t\tkv_events tcp://127.0.0.1:2\n\t\t}"), 5, "kv_events given twice"},
 		// As hostile_test.go TestCaddyfileErrorsNameTheLine expects.
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions -5"), 4, `max_sessions: expected a positive integer, got "-5"`},
 		{wardenOption("replicas 127.0.0.1:1\n\n\t\tmetrics_interval 0s"), 5, `metrics_interval: expected a positive duration such as 30s or 5m, got "0s"`},
@@ -370,9 +372,11 @@ func TestKVEventsValidate(t *testing.T) {
 	}{
 		{ReplicaConfig{Address: "127.0.0.1:1", KVEvents: &KVEventsConfig{Endpoint: "tcp://127.0.0.1:5557"}}, nil, ""},
 		{ReplicaConfig{Address: "127.0.0.1:1", KVEvents: &KVEventsConfig{Endpoint: "127.0.0.1:5557"}}, nil,
-			`model "m": kv_events: kvevents: endpoint "127.0.0.1:5557" must be tcp://host:port`},
+			`model "m": kv_events of 127.0.0.1:1: kvevents: endpoint "127.0.0.1:5557" must be tcp://host:port`},
 		{ReplicaConfig{}, &ServerConfig{Address: "127.0.0.1:1", Ranks: 2, KVEvents: &KVEventsConfig{Endpoint: "tcp://:5557"}},
-			`model "m": kv_events: kvevents: endpoint "tcp://:5557" is where vLLM binds`},
+			`is where vLLM binds`},
+		{ReplicaConfig{}, &ServerConfig{Address: "127.0.0.1:1", Ranks: 3, KVEvents: &KVEventsConfig{Endpoint: "tcp://127.0.0.1:65534"}},
+			`model "m": kv_events of 127.0.0.1:1#2: kvevents: endpoint "tcp://127.0.0.1:65536" must be tcp://host:port, the port in 1-65535`},
 	} {
 		m := ModelConfig{Server: c.server}
 		if c.server == nil {

@@ -179,9 +179,9 @@ func (c *ModelConfig) validate(name string) error {
 	if err := c.LoadControl.validate(); err != nil {
 		return fmt.Errorf("model %q: %v", name, err)
 	}
-	for _, ev := range c.kvEvents() {
+	for id, ev := range c.kvEvents() {
 		if err := kvevents.CheckEndpoint(ev.Endpoint); err != nil {
-			return fmt.Errorf("model %q: kv_events: %v", name, err)
+			return fmt.Errorf("model %q: kv_events of %s: %v", name, id, err)
 		}
 	}
 	seen := map[string]bool{}

@@ -42,15 +42,17 @@ func (m *model) acquireFeedsLocked(l *modelLoad) {
 	}
 }
 
-// releaseFeedsLocked drops l's feeds, closing those no live load uses.
-func (m *model) releaseFeedsLocked(l *modelLoad) {
+// releaseFeedsLocked drops l's feeds and returns those no live load uses,
+// for the caller to close once model.mu is released.
+func (m *model) releaseFeedsLocked(l *modelLoad) (unused []*kvevents.Subscriber) {
 	for _, f := range l.feeds {
 		if f.refs--; f.refs == 0 {
-			f.sub.Close()
+			unused = append(unused, f.sub)
 			delete(m.feeds, f.key)
 		}
 	}
 	l.feeds = nil
+	return unused
 }
 
 // followFeeds has the routing judge residency by l's feeds, and by the

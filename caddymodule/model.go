@@ -15,6 +15,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/health"
+	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/pinstore"
 	"github.com/lmwarden/caddy-warden/selection"
@@ -121,6 +122,12 @@ func (m *model) activate(l *modelLoad) {
 // last reports that no running config uses the model any more: Caddy is
 // exiting, or the new config dropped the model.
 func (m *model) deactivate(l *modelLoad) (last bool) {
+	var unused []*kvevents.Subscriber
+	defer func() { // after the unlock: a feed's Close waits for its goroutine
+		for _, sub := range unused {
+			sub.Close()
+		}
+	}()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i := slices.Index(m.live, l)
@@ -128,7 +135,7 @@ func (m *model) deactivate(l *modelLoad) (last bool) {
 		return false
 	}
 	m.live = slices.Delete(m.live, i, i+1)
-	m.releaseFeedsLocked(l)
+	unused = m.releaseFeedsLocked(l)
 	if i == len(m.live) && len(m.live) > 0 {
 		m.applyLocked(m.live[len(m.live)-1])
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
@@ -37,8 +38,18 @@ func (t frameLimitTransport) Dial(ctx context.Context, dialer transport.Dialer, 
 	if err != nil {
 		return nil, err
 	}
-	return &frameLimitConn{Conn: c, greeting: zmtpGreetingBytes}, nil
+	// zmq4's handshake has no deadline and is not ended by closing the socket: a peer that
+	// accepts and never speaks ZMTP would hold Dial, and so Close, for as long as it likes.
+	if err := c.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	context.AfterFunc(ctx, func() { c.Close() })
+	return &frameLimitConn{Conn: c, greeting: zmtpGreetingBytes, handshaking: true}, nil
 }
+
+// handshakeTimeout bounds the greeting and the first command (READY) from the publisher.
+const handshakeTimeout = 10 * time.Second
 
 // frameLimitConn reads ZMTP frame headers as they pass and fails the connection when a
 // message would exceed MaxMessageBytes or maxFrames, before zmq4 allocates for it.
@@ -50,6 +61,8 @@ type frameLimitConn struct {
 	more         bool   // the current frame is not its message's last
 	messageBytes uint64
 	frames       int
+	// handshaking: the deadline set at dial holds until the first message (READY) has passed.
+	handshaking bool
 }
 
 func (c *frameLimitConn) Read(p []byte) (int, error) {
@@ -57,6 +70,12 @@ func (c *frameLimitConn) Read(p []byte) (int, error) {
 	if verr := c.watch(p[:n]); verr != nil {
 		c.Conn.Close()
 		return 0, verr
+	}
+	if c.handshaking && c.greeting == 0 && c.frames > 0 && !c.more && c.body == 0 && len(c.header) == 0 {
+		c.handshaking = false
+		if derr := c.Conn.SetDeadline(time.Time{}); derr != nil && err == nil {
+			err = derr
+		}
 	}
 	return n, err
 }

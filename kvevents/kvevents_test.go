@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -211,13 +212,7 @@ func TestSubscribeOverZMQ(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	closed := make(chan error)
-	go func() { closed <- s.Close() }()
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close did not stop the subscriber")
-	}
+	closeWithin(t, s, 5*time.Second, "Close did not stop the subscriber")
 	if s.Cached([]uint64{1}) != 1 {
 		t.Fatal("the view must stay readable after Close")
 	}
@@ -244,5 +239,49 @@ func TestParentsLinkTheChains(t *testing.T) {
 	}
 	if n, ok := s.Evicted(14); !ok || n != 2 {
 		t.Fatalf("Evicted = %d, %v; want 2: the parents link 14 to 13, 12 and 11", n, ok)
+	}
+}
+
+// A peer that accepts and never speaks ZMTP (an HTTP port given by mistake) holds neither the
+// subscriber's Close nor, once it hangs up, its retries.
+func TestCloseIsPromptWhileAPeerNeverGreets(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c // held open, silent
+		}
+	}()
+	s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-accepted:
+		defer c.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the subscriber did not connect")
+	}
+	time.Sleep(100 * time.Millisecond) // into the handshake
+	closeWithin(t, s, 2*time.Second, "Close waited on a silent peer")
+}
+
+// closeWithin closes s, failing with msg if that takes longer than d.
+func closeWithin(t *testing.T, s *Subscriber, d time.Duration, msg string) {
+	t.Helper()
+	closed := make(chan error)
+	go func() { closed <- s.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(d):
+		t.Fatal(msg)
 	}
 }

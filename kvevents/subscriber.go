@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -58,9 +59,10 @@ func CheckEndpoint(endpoint string) error {
 		return fmt.Errorf("kvevents: endpoint %q must be tcp://host:port", endpoint)
 	}
 	host, port, err := net.SplitHostPort(addr)
+	n, perr := strconv.Atoi(port)
 	switch {
-	case err != nil || port == "":
-		return fmt.Errorf("kvevents: endpoint %q must be tcp://host:port", endpoint)
+	case err != nil || perr != nil || n < 1 || n > 65535:
+		return fmt.Errorf("kvevents: endpoint %q must be tcp://host:port, the port in 1-65535", endpoint)
 	case host == "" || host == "*":
 		return fmt.Errorf("kvevents: endpoint %q is where vLLM binds; give the host to connect to, e.g. tcp://127.0.0.1:%s", endpoint, port)
 	}
@@ -98,8 +100,14 @@ func Subscribe(o Options) (*Subscriber, error) {
 
 func (s *Subscriber) run(ctx context.Context, endpoint string) {
 	defer close(s.done)
-	if err := s.sock.Dial(endpoint); err != nil {
-		return // only when closed: dialing retries forever
+	// zmq4 retries a connection refused, but gives up on a failed handshake (a peer that is not
+	// a ZMQ publisher, or one restarting): try again, until closed.
+	for s.sock.Dial(endpoint) != nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
 	for {
 		msg, err := s.sock.Recv()
