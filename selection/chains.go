@@ -54,14 +54,13 @@ func (v *View) FollowChains(id string, src ChainSource) bool {
 }
 
 // chain is what a conversation's entry knows of its chain on rep: the mark
-// taken when its last turn there was sent, and once the turn ended, the
-// blocks it computed (pending until Tail is asked) or its chain's last block.
+// taken when its last turn there was sent, then the last block of the
+// chain that turn stored (0: not known), and the blocks' size.
 type chain struct {
-	rep     *replicaState
-	mark    uint64
-	blocks  int
-	tail    uint64 // 0: not known
-	pending bool
+	rep  *replicaState
+	mark uint64
+	tail uint64
+	bs   int
 }
 
 // sent notes, when e's first request in flight goes to rep, rep's mark.
@@ -73,46 +72,43 @@ func (e *session) sent(rep *replicaState) {
 	if e.chain.rep != rep {
 		e.chain = chain{rep: rep}
 	}
-	e.chain.mark, e.chain.pending = src.Mark(), false
+	e.chain.mark = src.Mark()
 }
 
-// replied notes what reply says of the turn that ended on e's pin: how
-// many blocks it computed, for Tail to find its chain when it is next
-// needed, the events of its last steps having arrived by then.
+// replied finds, when the conversation's last request on its pin ends with
+// reply, the chain the turn stored: from the blocks it computed, among the
+// runs stored since its mark. It looks now rather than at the next turn, so
+// that a fork sent meanwhile, which extends the same chain, is not taken for
+// it; if the events of the turn's last steps have not arrived yet, the
+// chain found ends a few blocks short, which changes little of what its
+// replica is found to have evicted.
 func (e *session) replied(reply Reply) {
+	src := e.pin.chains.Load()
 	bs := e.pin.load.Load().BlockSize
-	if e.chain.rep != e.pin || bs <= 0 || reply.PromptTokens <= 0 || !reply.CacheReported {
+	if src == nil || e.chain.rep != e.pin || bs <= 0 || reply.PromptTokens <= 0 || !reply.CacheReported {
 		e.chain = chain{}
 		return
 	}
 	// vLLM computes the KV of every token but the last it generates.
 	computed := (reply.PromptTokens + reply.OutputTokens - 1) / bs
-	e.chain.blocks = computed - reply.CachedTokens/bs
-	e.chain.pending = true
+	tail, ok := src.Tail(e.chain.mark, e.chain.tail, computed-reply.CachedTokens/bs)
+	if !ok {
+		tail = 0
+	}
+	e.chain.tail, e.chain.bs = tail, bs
 }
 
 // coldByChain is cold as the pin's events tell it: the pin evicted more of
-// the conversation's last chain than ColdShare of its last prompt. ok is
-// false when the events cannot tell.
+// the conversation's last chain than ChainColdShare of its last prompt. ok
+// is false when the events cannot tell.
 func (e *session) coldByChain() (cold, ok bool) {
 	src := e.pin.chains.Load()
-	if src == nil || e.chain.rep != e.pin {
-		return false, false
-	}
-	if e.chain.pending {
-		e.chain.pending = false
-		e.chain.tail, ok = src.Tail(e.chain.mark, e.chain.tail, e.chain.blocks)
-		if !ok {
-			e.chain.tail = 0
-		}
-	}
-	if e.chain.tail == 0 {
+	if src == nil || e.chain.rep != e.pin || e.chain.tail == 0 {
 		return false, false
 	}
 	evicted, ok := src.Evicted(e.chain.tail)
 	if !ok {
 		return false, false
 	}
-	bs := e.pin.load.Load().BlockSize
-	return float64(evicted*bs) > ChainColdShare*float64(e.lastPrompt), true
+	return float64(evicted*e.chain.bs) > ChainColdShare*float64(e.lastPrompt), true
 }
