@@ -146,6 +146,13 @@ func (f *inFlight) set(d selection.Decision) {
 	old.Release()
 }
 
+// needsUsage reports whether the current decision reads the reply's usage.
+func (f *inFlight) needsUsage() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.d.NeedsUsage()
+}
+
 // release gives back the in-flight count first, so that a turn load
 // control admits in the room the ticket's end frees sees it.
 func (f *inFlight) release() {

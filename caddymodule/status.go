@@ -195,10 +195,15 @@ type ReplicaStatus struct {
 	KVEvents *KVEventsStatus `json:"kv_events,omitempty"`
 }
 
-// KVEventsStatus is a replica's KV cache events as warden follows them.
+// KVEventsStatus is a replica's KV cache events as warden follows them:
+// the feed's counters, and how many turns ended there had their chain of
+// blocks singled out by the events or not (a turn whose reply gave no
+// usage with its cached part, or an ambiguous chain).
 type KVEventsStatus struct {
 	Endpoint string `json:"endpoint"`
 	kvevents.Stats
+	ChainsFound  uint64 `json:"chains_found"`
+	ChainsMissed uint64 `json:"chains_missed"`
 }
 
 // status assembles the model's panel from the load's routing view and the
@@ -292,7 +297,9 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			row.Health = h.String()
 		}
 		row.Process = l.processState(rs.Address)
-		row.KVEvents = l.kvEventsStatus(rs.ID)
+		if row.KVEvents = l.kvEventsStatus(rs.ID); row.KVEvents != nil {
+			row.KVEvents.ChainsFound, row.KVEvents.ChainsMissed = rs.ChainsFound, rs.ChainsMissed
+		}
 		out.Replicas = append(out.Replicas, row)
 	}
 	out.PrefixHitRate = knownRate(f.Rates(now, hitRateWindow))

@@ -49,9 +49,9 @@ func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandl
 	return s, err
 }
 
-// ServeHTTP passes the request on and tells the turn's ticket, before the
-// request's end releases it, whether the reply ended the agent's task and
-// the prompt's size and cached part it reported.
+// ServeHTTP passes the request on and tells warden, before the request's
+// end releases it, whether the reply ended the agent's task and the usage
+// it reported: the prompt's size, its cached part, the reply's size.
 func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	sw := &stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
 	err := next.ServeHTTP(sw, r)
@@ -67,7 +67,8 @@ func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // stopReasonWriter scans what the reply writes, once it knows the request
-// holds a ticket: warden's Select has run by the reply's first write.
+// holds a ticket or goes to a replica whose KV cache events warden follows:
+// warden's Select has run by the reply's first write.
 type stopReasonWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	r       *http.Request
@@ -79,7 +80,7 @@ type stopReasonWriter struct {
 func (w *stopReasonWriter) Write(p []byte) (int, error) {
 	if !w.checked {
 		w.checked = true
-		if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inFlight); ok && held.ticket != nil {
+		if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inFlight); ok && (held.ticket != nil || held.needsUsage()) {
 			w.held = held
 		}
 	}

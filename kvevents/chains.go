@@ -153,11 +153,14 @@ func (c *Chains) Leading(chain []uint64) int {
 	return len(chain)
 }
 
-// Tail returns the last block of the chain a turn stored from mark on, given prev, the
+// Tail returns the last block of the chain a turn stored from mark on, among the chains whose
+// first new block was stored before end (the mark when the turn ended: later chains are of
+// later requests, a fork extending the same chain among them; their blocks may arrive late, so
+// a chain begun before end is followed to its last block however late), given prev, the
 // conversation's last block before the turn (0 if none), and blocks, how many blocks the turn
 // computed (its prompt and output tokens less the cached part, in blocks; negative if unknown):
 //   - the chain that passes through prev (the turn stored prev again after an eviction, or
-//     extended it);
+//     extended it), cut to blocks blocks when a later request extends it further (a fork);
 //   - else the chain of blocks blocks (within one, for the last token vLLM computes or not)
 //     that leaves prev's chain closest before prev, at most reach blocks: the server's
 //     template may render a reply otherwise than it was generated, so the next prompt leaves
@@ -167,7 +170,7 @@ func (c *Chains) Leading(chain []uint64) int {
 //   - else the only chain of blocks new blocks, for a new conversation.
 //
 // ok is false when no chain or more than one fits, or mark is too old.
-func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
+func (c *Chains) Tail(mark, end, prev uint64, blocks int) (tail uint64, ok bool) {
 	if mark > c.serial || c.serial-mark > maxRuns {
 		return 0, false
 	}
@@ -184,10 +187,13 @@ func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
 		if n := c.nodes[leaf]; n == nil || n.serial != s || extended[leaf] {
 			continue
 		}
-		length, back, ok := c.walkNew(leaf, mark, prev)
+		length, back, top, ok := c.walkNew(leaf, mark, prev)
 		switch {
-		case !ok:
+		case !ok || top >= end:
 		case back == 0:
+			if blocks > 0 && length > blocks+1 { // a later request extends the turn's chain: a fork
+				leaf = c.up(leaf, length-blocks)
+			}
 			through = append(through, leaf)
 		case back > 0 && lengthOK(length) && back <= nearest:
 			if back < nearest { // a stranger's chain may leave earlier, in the shared prefix
@@ -210,19 +216,33 @@ func (c *Chains) Tail(mark, prev uint64, blocks int) (tail uint64, ok bool) {
 	return only(fresh)
 }
 
-// only returns found's one element.
+// up returns the n-th ancestor of x.
+func (c *Chains) up(x uint64, n int) uint64 {
+	for ; n > 0 && x != 0; n-- {
+		x = c.nodes[x].parent
+	}
+	return x
+}
+
+// only returns found's one block, which may be listed more than once.
 func only(found []uint64) (uint64, bool) {
-	if len(found) != 1 {
+	if len(found) == 0 {
 		return 0, false
+	}
+	for _, h := range found {
+		if h != found[0] {
+			return 0, false
+		}
 	}
 	return found[0], true
 }
 
 // walkNew walks up from leaf through the blocks stored since mark, and reports how many there
-// are and how far before prev's end they leave prev's chain: 0 when prev is among them or is
-// the block they extend, i when they extend prev's i-th ancestor, -1 when they do not continue
-// it within reach. ok is false when the walk loops (a publisher's parents that cycle).
-func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int, ok bool) {
+// are, the serial of the run that stored the first of them, and how far before prev's end they
+// leave prev's chain: 0 when prev is among them or is the block they extend, i when they extend
+// prev's i-th ancestor, -1 when they do not continue it within reach. ok is false when the walk
+// loops (a publisher's parents that cycle).
+func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int, top uint64, ok bool) {
 	x, passed := leaf, false
 	for x != 0 {
 		passed = passed || x == prev
@@ -231,19 +251,20 @@ func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int, ok bool) {
 			break
 		}
 		if length++; length > len(c.nodes) {
-			return 0, -1, false
+			return 0, -1, 0, false
 		}
+		top = n.serial
 		x = n.parent
 	}
 	if passed {
-		return length, 0, true
+		return length, 0, top, true
 	}
 	if prev == 0 || x == 0 {
-		return length, -1, true
+		return length, -1, top, true
 	}
 	for y, i := prev, 0; y != 0 && i <= reach; i++ {
 		if y == x {
-			return length, i, true
+			return length, i, top, true
 		}
 		n := c.nodes[y]
 		if n == nil {
@@ -251,7 +272,7 @@ func (c *Chains) walkNew(leaf, mark, prev uint64) (length, back int, ok bool) {
 		}
 		y = n.parent
 	}
-	return length, -1, true
+	return length, -1, top, true
 }
 
 // reach is how many blocks before a conversation's last one its next turn may leave its chain

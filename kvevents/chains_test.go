@@ -16,22 +16,22 @@ func TestTailFollowsAConversationAmongOthers(t *testing.T) {
 	c.Stored(2, []uint64{20})     // D's first turn, concurrent
 	c.Stored(11, []uint64{12})
 	c.Stored(20, []uint64{21, 22, 23, 24, 25})
-	if tail, ok := c.Tail(first, 0, 3); !ok || tail != 12 {
+	if tail, ok := c.Tail(first, c.Mark(), 0, 3); !ok || tail != 12 {
 		t.Fatalf("C's first turn: Tail = %d, %v; want 12", tail, ok)
 	}
-	if tail, ok := c.Tail(first, 0, 6); !ok || tail != 25 {
+	if tail, ok := c.Tail(first, c.Mark(), 0, 6); !ok || tail != 25 {
 		t.Fatalf("D's first turn: Tail = %d, %v; want 25", tail, ok)
 	}
-	if _, ok := c.Tail(first, 0, 40); ok {
+	if _, ok := c.Tail(first, c.Mark(), 0, 40); ok {
 		t.Fatal("a turn that stored 40 blocks matched a chain")
 	}
 	second := c.Mark()
 	c.Stored(25, []uint64{26}) // D's second turn
 	c.Stored(12, []uint64{13, 14})
-	if tail, ok := c.Tail(second, 12, 2); !ok || tail != 14 {
+	if tail, ok := c.Tail(second, c.Mark(), 12, 2); !ok || tail != 14 {
 		t.Fatalf("C's second turn: Tail = %d, %v; want 14", tail, ok)
 	}
-	if tail, ok := c.Tail(second, 25, 1); !ok || tail != 26 {
+	if tail, ok := c.Tail(second, c.Mark(), 25, 1); !ok || tail != 26 {
 		t.Fatalf("D's second turn: Tail = %d, %v; want 26", tail, ok)
 	}
 }
@@ -42,19 +42,19 @@ func TestTailAfterEvictionAndAReplyRenderedOtherwise(t *testing.T) {
 	c.Removed([]uint64{13, 12})
 	mark := c.Mark()
 	c.Stored(11, []uint64{12, 13, 14}) // evicted blocks stored again, then the new ones
-	if tail, ok := c.Tail(mark, 13, 0); !ok || tail != 14 {
+	if tail, ok := c.Tail(mark, c.Mark(), 13, 0); !ok || tail != 14 {
 		t.Fatalf("after an eviction: Tail = %d, %v; want 14", tail, ok)
 	}
 	mark = c.Mark()
 	c.Stored(2, []uint64{30, 31, 32}) // a new conversation, same length
 	c.Stored(13, []uint64{40, 41})    // the template rendered C's last reply otherwise: it leaves at 13
-	if tail, ok := c.Tail(mark, 14, 3); !ok || tail != 41 {
+	if tail, ok := c.Tail(mark, c.Mark(), 14, 3); !ok || tail != 41 {
 		t.Fatalf("a turn leaving the chain one block early: Tail = %d, %v; want 41", tail, ok)
 	}
 	mark = c.Mark()
 	c.Stored(2, []uint64{50, 51})
 	c.Stored(2, []uint64{60, 61})
-	if _, ok := c.Tail(mark, 0, 2); ok {
+	if _, ok := c.Tail(mark, c.Mark(), 0, 2); ok {
 		t.Fatal("two new chains of the same length: Tail chose one")
 	}
 }
@@ -111,7 +111,7 @@ func TestTailOfATurnThatFilledNoBlockIsTheLastOne(t *testing.T) {
 	c.Stored(2, []uint64{10, 11})
 	mark := c.Mark()
 	c.Stored(2, []uint64{30, 31, 32, 33}) // another conversation's, leaving C's chain at 2
-	if tail, ok := c.Tail(mark, 11, 0); !ok || tail != 11 {
+	if tail, ok := c.Tail(mark, c.Mark(), 11, 0); !ok || tail != 11 {
 		t.Fatalf("Tail = %d, %v; want 11: the turn stored nothing new", tail, ok)
 	}
 }
@@ -148,7 +148,28 @@ func TestForgottenAndLoopingChainsAreNotJudged(t *testing.T) {
 	if _, ok := c.Evicted(6); ok {
 		t.Fatal("a looping chain was judged")
 	}
-	if _, ok := c.Tail(mark-2, 0, 3); ok {
+	if _, ok := c.Tail(mark-2, c.Mark(), 0, 3); ok {
 		t.Fatal("a looping chain was singled out")
+	}
+}
+
+// A chain begun after the turn ended is another request's, a fork extending the same chain
+// among them; one begun before is the turn's, however late its last blocks arrive.
+func TestTailLooksAtChainsBegunBeforeTheEnd(t *testing.T) {
+	c := newTestChains(0)
+	c.Stored(2, []uint64{10, 11})
+	mark := c.Mark()
+	c.Stored(11, []uint64{12, 13})
+	end := c.Mark() // the reply ended; its last block's event is late
+	c.Stored(13, []uint64{14})
+	if tail, ok := c.Tail(mark, end, 11, 3); !ok || tail != 14 {
+		t.Fatalf("a late last block: Tail = %d, %v; want 14", tail, ok)
+	}
+	mark = c.Mark()
+	c.Stored(14, []uint64{15, 16})
+	end = c.Mark()
+	c.Stored(16, []uint64{17, 18, 19}) // a fork of the conversation, sent after the reply
+	if tail, ok := c.Tail(mark, end, 14, 2); ok && tail != 16 {
+		t.Fatalf("Tail = %d: the fork's chain was taken for the turn's", tail)
 	}
 }

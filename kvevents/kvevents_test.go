@@ -234,7 +234,7 @@ func TestParentsLinkTheChains(t *testing.T) {
 	s.handle(message(t, 0, stored(10, 11), child,
 		[]any{"BlockStored", []uint64{14}, 13, []uint32{1}, 16, nil, "GPU"}, // the array form
 		removed(14, 13)))
-	if tail, ok := s.Tail(mark, 0, 5); !ok || tail != 14 {
+	if tail, ok := s.Tail(mark, s.Mark(), 0, 5); !ok || tail != 14 {
 		t.Fatalf("Tail = %d, %v; want 14", tail, ok)
 	}
 	if n, ok := s.Evicted(14); !ok || n != 2 {

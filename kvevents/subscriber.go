@@ -179,10 +179,10 @@ func (s *Subscriber) Mark() uint64 {
 }
 
 // Tail is Chains.Tail on the events so far.
-func (s *Subscriber) Tail(mark, prev uint64, blocks int) (uint64, bool) {
+func (s *Subscriber) Tail(mark, end, prev uint64, blocks int) (uint64, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.chains.Tail(mark, prev, blocks)
+	return s.chains.Tail(mark, end, prev, blocks)
 }
 
 // Evicted is Chains.Evicted on the events so far.

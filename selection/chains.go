@@ -16,7 +16,7 @@ package selection
 // evicted of that chain since.
 type ChainSource interface {
 	Mark() uint64
-	Tail(mark, prev uint64, blocks int) (tail uint64, ok bool)
+	Tail(mark, end, prev uint64, blocks int) (tail uint64, ok bool)
 	Evicted(tail uint64) (blocks int, ok bool)
 }
 
@@ -29,6 +29,13 @@ type ChainSource interface {
 // 15,065 at a half; the grid: two TTFB p95 losses at a quarter, none at
 // a half; docs/policy.md#rehoming).
 const ChainColdShare = 0.5
+
+// NeedsUsage reports whether the request's reply usage is worth reading
+// for End: its replica follows its KV cache events and the request is its
+// conversation's on its pin.
+func (d Decision) NeedsUsage() bool {
+	return d.router != nil && d.rep != nil && d.rep.chains.Load() != nil
+}
 
 // chainSource boxes a ChainSource for an atomic pointer.
 type chainSource struct{ ChainSource }
@@ -55,12 +62,18 @@ func (v *View) FollowChains(id string, src ChainSource) bool {
 
 // chain is what a conversation's entry knows of its chain on rep: the mark
 // taken when its last turn there was sent, then the last block of the
-// chain that turn stored (0: not known), and the blocks' size.
+// chain that turn stored (0: not known), and the blocks' size. pending
+// says the chain was not found when the turn ended, and is looked for once
+// more, with end and blocks, when the conversation comes back.
 type chain struct {
-	rep  *replicaState
-	mark uint64
-	tail uint64
-	bs   int
+	rep     *replicaState
+	mark    uint64
+	tail    uint64
+	bs      int
+	pending bool
+	looks   int
+	end     uint64
+	blocks  int
 }
 
 // sent notes, when e's first request in flight goes to rep, rep's mark.
@@ -72,30 +85,51 @@ func (e *session) sent(rep *replicaState) {
 	if e.chain.rep != rep {
 		e.chain = chain{rep: rep}
 	}
+	e.chain.find(src)
 	e.chain.mark = src.Mark()
 }
 
 // replied finds, when the conversation's last request on its pin ends with
 // reply, the chain the turn stored: from the blocks it computed, among the
-// runs stored since its mark. It looks now rather than at the next turn, so
-// that a fork sent meanwhile, which extends the same chain, is not taken for
-// it; if the events of the turn's last steps have not arrived yet, the
-// chain found ends a few blocks short, which changes little of what its
-// replica is found to have evicted.
+// chains begun since its mark and before now, so that a fork sent
+// meanwhile, which extends the same chain, is not taken for it. Blocks
+// whose events have not arrived yet are looked for again when the
+// conversation comes back.
 func (e *session) replied(reply Reply) {
 	src := e.pin.chains.Load()
-	bs := e.pin.load.Load().BlockSize
-	if src == nil || e.chain.rep != e.pin || bs <= 0 || reply.PromptTokens <= 0 || !reply.CacheReported {
+	if src == nil {
 		e.chain = chain{}
+		return
+	}
+	bs := e.pin.load.Load().BlockSize
+	if e.chain.rep != e.pin || bs <= 0 || reply.PromptTokens <= 0 || !reply.CacheReported {
+		e.chain = chain{}
+		e.pin.chainsMissed.Add(1)
 		return
 	}
 	// vLLM computes the KV of every token but the last it generates.
 	computed := (reply.PromptTokens + reply.OutputTokens - 1) / bs
-	tail, ok := src.Tail(e.chain.mark, e.chain.tail, computed-reply.CachedTokens/bs)
-	if !ok {
-		tail = 0
+	e.chain.bs, e.chain.end, e.chain.blocks = bs, src.Mark(), computed-reply.CachedTokens/bs
+	e.chain.pending, e.chain.looks = true, 0
+	e.chain.find(src)
+}
+
+// find looks for a pending chain: when the turn ends, then once more when
+// the conversation comes back, after which it is found or given up.
+func (c *chain) find(src ChainSource) {
+	if !c.pending {
+		return
 	}
-	e.chain.tail, e.chain.bs = tail, bs
+	tail, ok := src.Tail(c.mark, c.end, c.tail, c.blocks)
+	c.looks++
+	switch {
+	case ok:
+		c.tail, c.pending = tail, false
+		c.rep.chainsFound.Add(1)
+	case c.looks > 1:
+		c.tail, c.pending = 0, false
+		c.rep.chainsMissed.Add(1)
+	}
 }
 
 // coldByChain is cold as the pin's events tell it: the pin evicted more of
@@ -103,7 +137,11 @@ func (e *session) replied(reply Reply) {
 // is false when the events cannot tell.
 func (e *session) coldByChain() (cold, ok bool) {
 	src := e.pin.chains.Load()
-	if src == nil || e.chain.rep != e.pin || e.chain.tail == 0 {
+	if src == nil || e.chain.rep != e.pin {
+		return false, false
+	}
+	e.chain.find(src)
+	if e.chain.tail == 0 || e.chain.pending {
 		return false, false
 	}
 	evicted, ok := src.Evicted(e.chain.tail)

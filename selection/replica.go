@@ -65,7 +65,8 @@ type replicaState struct {
 	healthy  atomic.Bool
 	// chains, when set, is what the replica's KV cache events tell of
 	// conversations' chains (chains.go).
-	chains atomic.Pointer[chainSource]
+	chains                    atomic.Pointer[chainSource]
+	chainsFound, chainsMissed atomic.Uint64
 
 	sticky       atomic.Uint64 // requests served here as the session's pin
 	placed       atomic.Uint64 // new sessions pinned here

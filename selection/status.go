@@ -48,6 +48,10 @@ type ReplicaStatus struct {
 	Joined         uint64 // of Placed, sessions pinned here beside their parent
 	Compacted      uint64 // sessions pinned here anew after a compaction
 	Rehomed        uint64 // sessions pinned here anew, their cache lost on their pin
+	// ChainsFound and ChainsMissed count the turns ended here whose chain of
+	// blocks the replica's KV cache events singled out, or did not
+	// (chains.go); both 0 when the events are not followed.
+	ChainsFound, ChainsMissed uint64
 	// Residents and ResidentTokens are the conversations load control holds
 	// resident here and their prompts' estimated tokens.
 	Residents      int
@@ -97,6 +101,8 @@ func (v *View) Status() Status {
 			Joined:         s.joined.Load(),
 			Compacted:      s.compacted.Load(),
 			Rehomed:        s.rehomed.Load(),
+			ChainsFound:    s.chainsFound.Load(),
+			ChainsMissed:   s.chainsMissed.Load(),
 			Load:           *s.load.Load(),
 			Healthy:        s.healthy.Load(),
 			Residents:      residents[s].count,

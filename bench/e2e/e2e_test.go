@@ -62,7 +62,8 @@ func TestShortRun(t *testing.T) {
 	if rows[1].StayedPercent != 100 {
 		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
 	}
-	// warden-events follows each replica's KV cache events.
+	// warden-events follows each replica's KV cache events, and finds the
+	// chains of the turns in them.
 	raw, err := os.ReadFile(filepath.Join(dir, "admin-"+lab.PolicyWardenEvents+"-2.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -72,8 +73,8 @@ func TestShortRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range status.Replicas {
-		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 {
-			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage", r.ID, ev)
+		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 || ev.ChainsFound == 0 || ev.ChainsMissed > ev.ChainsFound {
+			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage, most turns' chains found", r.ID, ev)
 		}
 	}
 }

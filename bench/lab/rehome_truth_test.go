@@ -124,7 +124,7 @@ func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(sel
 		if prev != nil {
 			prevTail = prev.tail
 		}
-		tail, ok := p.chains[eng].Tail(mark, prevTail, computed-reply.CachedTokens/bs)
+		tail, ok := p.chains[eng].Tail(mark, p.chains[eng].Mark(), prevTail, computed-reply.CachedTokens/bs)
 		if !ok {
 			p.unresolved++
 			delete(byEngine, eng)
