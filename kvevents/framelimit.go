@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -44,8 +45,10 @@ func (t frameLimitTransport) Dial(ctx context.Context, dialer transport.Dialer, 
 		c.Close()
 		return nil, err
 	}
-	context.AfterFunc(ctx, func() { c.Close() })
-	return &frameLimitConn{Conn: c, greeting: zmtpGreetingBytes, handshaking: true}, nil
+	lost, _ := ctx.Value(lostKey{}).(chan struct{})
+	fc := &frameLimitConn{Conn: c, greeting: zmtpGreetingBytes, handshaking: true, lost: lost}
+	fc.stop = context.AfterFunc(ctx, func() { c.Close() })
+	return fc, nil
 }
 
 // handshakeTimeout bounds the greeting and the first command (READY) from the publisher.
@@ -63,13 +66,34 @@ type frameLimitConn struct {
 	frames       int
 	// handshaking: the deadline set at dial holds until the first message (READY) has passed.
 	handshaking bool
+	// lost is signalled when the connection fails after its handshake, for the subscriber
+	// to dial again; stop cancels closing the connection with the socket.
+	lost chan struct{}
+	stop func() bool
+}
+
+// Close closes the connection and forgets it.
+func (c *frameLimitConn) Close() error {
+	c.stop()
+	return c.Conn.Close()
 }
 
 func (c *frameLimitConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if verr := c.watch(p[:n]); verr != nil {
-		c.Conn.Close()
+	verr := c.watch(p[:n])
+	switch {
+	case c.handshaking && (verr != nil || err != nil):
+		// Closed here, and not an io.EOF, which would make zmq4 dial again at once, in a loop
+		// as fast as a peer that accepts and hangs up: Dial fails, and run tries a second later.
+		c.Close()
+		return 0, fmt.Errorf("kvevents: ZMTP handshake: %v", errors.Join(verr, err))
+	case verr != nil:
+		c.Close()
+		c.signalLost()
 		return 0, verr
+	case err != nil:
+		c.signalLost()
+		return n, err
 	}
 	if c.handshaking && c.greeting == 0 && c.frames > 0 && !c.more && c.body == 0 && len(c.header) == 0 {
 		c.handshaking = false
@@ -80,13 +104,25 @@ func (c *frameLimitConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// signalLost tells the subscriber, if it listens, that the connection failed.
+func (c *frameLimitConn) signalLost() {
+	select {
+	case c.lost <- struct{}{}:
+	default:
+	}
+}
+
 func (c *frameLimitConn) watch(b []byte) error {
 	for len(b) > 0 {
 		switch {
 		case c.greeting > 0:
-			k := min(c.greeting, len(b))
-			c.greeting -= k
-			b = b[k:]
+			// ZMTP 3's greeting opens with its signature: 0xFF, 8 bytes, 0x7F.
+			at := zmtpGreetingBytes - c.greeting
+			if (at == 0 && b[0] != 0xFF) || (at == 9 && b[0] != 0x7F) {
+				return errors.New("kvevents: the peer does not speak ZMTP")
+			}
+			c.greeting--
+			b = b[1:]
 		case c.body > 0:
 			k := min(c.body, uint64(len(b)))
 			c.body -= k

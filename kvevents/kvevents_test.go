@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,6 +166,11 @@ func frame(more bool, size uint64) []byte {
 
 func TestFrameLimit(t *testing.T) {
 	greeting := make([]byte, zmtpGreetingBytes)
+	greeting[0], greeting[9] = 0xFF, 0x7F // ZMTP 3's signature
+	http := &frameLimitConn{greeting: zmtpGreetingBytes}
+	if err := http.watch([]byte("HTTP/1.1 400 Bad Request\r\n")); err == nil {
+		t.Fatal("a peer that does not speak ZMTP must fail the connection")
+	}
 	ok := &frameLimitConn{greeting: zmtpGreetingBytes}
 	stream := append(append([]byte{}, greeting...), frame(true, 3)...)
 	stream = append(stream, "abc"...)
@@ -284,4 +291,95 @@ func closeWithin(t *testing.T, s *Subscriber, d time.Duration, msg string) {
 	case <-time.After(d):
 		t.Fatal(msg)
 	}
+}
+
+// A peer that accepts and hangs up at once (a proxy whose backend is down) is dialled about
+// once a second, not in a loop as fast as it answers, and leaves no connection open.
+func TestAPeerThatHangsUpIsRetriedCalmly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	closeWithin(t, s, 2*time.Second, "Close hung")
+	if n := accepted.Load(); n < 2 || n > 5 {
+		t.Fatalf("%d connections in 2.5 s, want about one a second", n)
+	}
+}
+
+// A publisher that restarts on the same port is followed again, even when something else
+// answered there meanwhile and failed every handshake.
+func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", testnet.Port(t))
+	publish := func(pub zmq4.Socket, s *Subscriber, block uint64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for s.Cached([]uint64{block}) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("block %d never arrived: %+v", block, s.Stats())
+			}
+			if err := pub.Send(zmq4.NewMsgFrom(message(t, 0, stored(block))...)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	first := zmq4.NewPub(context.Background())
+	if err := first.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Subscribe(Options{Endpoint: endpoint, Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(t, s, 5*time.Second, "Close hung")
+	publish(first, s, 1)
+	first.Close()
+	// Meanwhile something else answers on the port, and fails every handshake.
+	addr := strings.TrimPrefix(endpoint, "tcp://")
+	var bogus net.Listener
+	deadline := time.Now().Add(5 * time.Second)
+	for bogus, err = net.Listen("tcp", addr); err != nil; bogus, err = net.Listen("tcp", addr) {
+		if time.Now().After(deadline) { // the port frees as the first socket's goroutines end
+			t.Fatal("the port did not free")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	go func() {
+		for {
+			c, err := bogus.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	bogus.Close()
+	second := zmq4.NewPub(context.Background())
+	defer second.Close()
+	for second.Listen(endpoint) != nil {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatal("the port did not free")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	publish(second, s, 2)
 }

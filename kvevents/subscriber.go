@@ -85,44 +85,62 @@ func Subscribe(o Options) (*Subscriber, error) {
 	if err := registerLimitedTCP(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(100*time.Millisecond),
-		zmq4.WithAutomaticReconnect(true))
+	lost := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), lostKey{}, lost))
+	// zmq4's own reconnection gives up after a failed handshake: run reconnects instead.
+	sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(100*time.Millisecond))
 	if err := sock.SetOption(zmq4.OptionSubscribe, o.Topic); err != nil {
 		cancel()
 		sock.Close()
 		return nil, err
 	}
 	s := &Subscriber{topic: o.Topic, sock: sock, cancel: cancel, done: make(chan struct{}), chains: NewChains(o.MaxBlocks)}
-	go s.run(ctx, limitedTCP+"://"+addr)
+	go s.run(ctx, limitedTCP+"://"+addr, lost)
 	return s, nil
 }
 
-func (s *Subscriber) run(ctx context.Context, endpoint string) {
+// lostKey carries, in the socket's context, the channel the transport signals a lost
+// connection on (framelimit.go).
+type lostKey struct{}
+
+func (s *Subscriber) run(ctx context.Context, endpoint string, lost <-chan struct{}) {
 	defer close(s.done)
-	// zmq4 retries a connection refused, but gives up on a failed handshake (a peer that is not
-	// a ZMQ publisher, or one restarting): try again, until closed.
-	for s.sock.Dial(endpoint) != nil {
+	received := make(chan struct{})
+	go func() {
+		defer close(received)
+		for {
+			msg, err := s.sock.Recv()
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				s.handle(msg.Frames)
+			}
+		}
+	}()
+	wait := func(d time.Duration) bool {
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
+			<-received
+			return false
+		case <-time.After(d):
+			return true
 		}
 	}
 	for {
-		msg, err := s.sock.Recv()
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil { // a lost connection; zmq4 redials
-			select {
-			case <-ctx.Done():
+		// Dial retries a refused connection itself, and fails on a failed handshake (a peer
+		// that is not a ZMQ publisher, or one restarting): try again a second later.
+		for s.sock.Dial(endpoint) != nil {
+			if !wait(time.Second) {
 				return
-			case <-time.After(100 * time.Millisecond):
 			}
-			continue
 		}
-		s.handle(msg.Frames)
+		select {
+		case <-ctx.Done():
+			<-received
+			return
+		case <-lost: // the connection dropped: dial again
+		}
 	}
 }
 

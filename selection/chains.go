@@ -83,6 +83,9 @@ func (e *session) sent(rep *replicaState) {
 		return
 	}
 	if e.chain.rep != rep {
+		if e.chain.pending { // moved before its chain was found
+			e.chain.rep.chainsMissed.Add(1)
+		}
 		e.chain = chain{rep: rep}
 	}
 	e.chain.find(src)
@@ -92,9 +95,10 @@ func (e *session) sent(rep *replicaState) {
 // replied finds, when the conversation's last request on its pin ends with
 // reply, the chain the turn stored: from the blocks it computed, among the
 // chains begun since its mark and before now, so that a fork sent
-// meanwhile, which extends the same chain, is not taken for it. Blocks
-// whose events have not arrived yet are looked for again when the
-// conversation comes back.
+// meanwhile, which extends the same chain, is not taken for it. A chain
+// begun by then whose last events have not arrived yet is looked for again
+// when the conversation comes back; one whose first events come later is
+// not found.
 func (e *session) replied(reply Reply) {
 	src := e.pin.chains.Load()
 	if src == nil {

@@ -73,8 +73,11 @@ func TestShortRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range status.Replicas {
-		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 || ev.ChainsFound == 0 || ev.ChainsMissed > ev.ChainsFound {
-			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage, most turns' chains found", r.ID, ev)
+		t.Logf("replica %s: KV cache events %+v", r.ID, r.KVEvents)
+		// A handful of turns a replica: those cut when the load stops end
+		// without usage, so only found chains are asserted.
+		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 || ev.ChainsFound == 0 {
+			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage, chains found", r.ID, ev)
 		}
 	}
 }
