@@ -138,12 +138,16 @@ type inFlight struct {
 
 func (*inFlight) String() string { return "" }
 
-func (f *inFlight) set(d selection.Decision) {
+// set makes d the request's decision and releases the previous try's.
+func (f *inFlight) set(d selection.Decision) { f.swap(d).Release() }
+
+// swap makes d the request's decision and returns the previous one.
+func (f *inFlight) swap(d selection.Decision) selection.Decision {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	old := f.d
 	f.d = d
-	f.mu.Unlock()
-	old.Release()
+	return old
 }
 
 // needsUsage reports whether the current decision reads the reply's usage.
@@ -160,11 +164,7 @@ func (f *inFlight) release() {
 	if r := f.reply.Load(); r != nil {
 		reply = *r
 	}
-	f.mu.Lock()
-	last := f.d
-	f.d = selection.Decision{}
-	f.mu.Unlock()
-	last.End(reply)
+	f.swap(selection.Decision{}).End(reply)
 	f.ticket.End(time.Now(), reply)
 }
 

@@ -27,7 +27,7 @@ type ChainSource interface {
 // exact count, a quarter moved conversations whose pins still held most
 // of them (lab, seed workload at 16 sessions: 14,482 tok/min against
 // 15,065 at a half; the grid: two TTFB p95 losses at a quarter, none at
-// a half; docs/policy.md#rehoming).
+// a half; docs/policy.md#kv-cache-events).
 const ChainColdShare = 0.5
 
 // NeedsUsage reports whether the request's reply usage is worth reading
