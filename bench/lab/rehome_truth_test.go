@@ -62,10 +62,9 @@ type truthPolicy struct {
 }
 
 // lastChain is what the events tell of a conversation's last turn on an
-// engine: when it was sent, the last block of its chain, and how many
-// tokens of the chain it holds.
+// engine: the last block of its chain, and how many tokens the chain
+// holds.
 type lastChain struct {
-	mark   uint64
 	tail   uint64
 	tokens int
 }
@@ -76,30 +75,15 @@ func newTruthPolicy(env *Env) (*truthPolicy, error) {
 		return nil, err
 	}
 	tp := &truthPolicy{wardenPolicy: p.(*wardenPolicy), env: env, pins: map[string]int{}, last: map[string]map[int]*lastChain{}}
-	for _, e := range env.fleet.engines {
-		e.EnableKVEvents()
+	for range env.Engines() {
 		tp.chains = append(tp.chains, kvevents.NewChains(0))
 	}
+	env.FollowKVEvents(func(eng int, events []engine.KVEvent) { applyKVEvents(tp.chains[eng], events) })
 	return tp, nil
-}
-
-// drain applies the engines' KV cache events so far.
-func (p *truthPolicy) drain() {
-	for i, e := range p.env.fleet.engines {
-		for _, ev := range e.TakeKVEvents() {
-			switch ev.Kind {
-			case engine.BlockStored:
-				p.chains[i].Stored(ev.ParentBlockHash, ev.BlockHashes)
-			case engine.BlockRemoved:
-				p.chains[i].Removed(ev.BlockHashes)
-			}
-		}
-	}
 }
 
 // Hold sends the turn at once, as Pick does, to read its reply's usage.
 func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) func() bool {
-	p.drain()
 	eng, release := p.Pick(a)
 	if eng < 0 {
 		dispatch(eng, nil)
@@ -114,7 +98,6 @@ func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(sel
 	mark := p.chains[eng].Mark()
 	dispatch(eng, func(reply selection.Reply) {
 		release()
-		p.drain()
 		if reply.PromptTokens == 0 {
 			return
 		}
@@ -131,7 +114,7 @@ func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(sel
 			return
 		}
 		p.resolved++
-		byEngine[eng] = &lastChain{mark: mark, tail: tail, tokens: computed * bs}
+		byEngine[eng] = &lastChain{tail: tail, tokens: computed * bs}
 	})
 	return func() bool { return false }
 }
