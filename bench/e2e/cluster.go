@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,18 +230,6 @@ http://%s {
 	}
 }
 `, admin, site, strings.Join(sites, " "), f.TryDuration, f.TryInterval, f.FailDuration)
-}
-
-// Load posts each instance's new config to its /load.
-func (c *Cluster) Load(config func(c *Cluster, inst *Instance) string) error {
-	for _, inst := range c.Instances {
-		cfg := config(c, inst)
-		if err := inst.Proc.Do(http.MethodPost, "/load", []byte(cfg), nil, "Content-Type", "text/caddyfile", "Cache-Control", "must-revalidate"); err != nil {
-			return fmt.Errorf("caddy instance %s: %v", inst.Name, err)
-		}
-		inst.config = cfg
-	}
-	return nil
 }
 
 // Do sends the same admin request to every instance.

@@ -198,24 +198,24 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	var cluster *Cluster
 	defer func() { cluster.Stop() }()
 	for i, policy := range o.Policies {
+		// Each policy gets its own Caddy: warden keeps its sessions across
+		// a reload, and the levels' conversations carry the same IDs under
+		// every policy, so a reloaded Caddy would meet the next policy's
+		// conversations as the last one's returning, long after their turns.
+		cluster.Stop()
+		cluster = nil
 		if sims == nil || (o.Fresh && i > 0) {
 			StopSims(sims)
 			if sims, err = StartSims(ctx, simBin, o); err != nil {
 				return rows, err
 			}
-			cluster.Stop()
-			cluster = nil
 		}
 		config := func(c *Cluster, inst *Instance) string { return caddyfile(o, policy, sims, c, inst) }
-		if cluster == nil {
-			co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log}
-			if co.DataDir, err = os.MkdirTemp(storage, "fleet-"); err != nil {
-				return rows, err
-			}
-			if cluster, err = StartCluster(ctx, co, config); err != nil {
-				return rows, err
-			}
-		} else if err := cluster.Load(config); err != nil {
+		co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log}
+		if co.DataDir, err = os.MkdirTemp(storage, "fleet-"); err != nil {
+			return rows, err
+		}
+		if cluster, err = StartCluster(ctx, co, config); err != nil {
 			return rows, err
 		}
 		if usesWarden(policy) {
