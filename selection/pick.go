@@ -116,10 +116,13 @@ func (o Outcome) String() string {
 type Decision struct {
 	rep     *replicaState
 	Outcome Outcome
-	// router and key are set for a request on its conversation's pin, so
-	// that Release tells the conversation's entry (see rehome.go).
+	// router, key, entry and moves are set for a request on its
+	// conversation's pin, so that Release tells the conversation's entry
+	// (see rehome.go) unless it has moved or been replaced since.
 	router *Router
 	key    uint64
+	entry  *session
+	moves  uint32
 	// tokens is the request's prompt size, counted in its replica's
 	// pending tokens until Release.
 	tokens int64
@@ -146,7 +149,7 @@ func (d Decision) End(reply Reply) {
 	}
 	d.rep.untake(d.tokens)
 	if d.router != nil {
-		d.router.ended(d.key, d.rep, reply)
+		d.router.ended(d, reply)
 	}
 }
 

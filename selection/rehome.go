@@ -82,22 +82,26 @@ func (d Decision) onPin(v *View, e *session, key uint64, prompt int) Decision {
 		if prompt > 0 {
 			e.lastPrompt = prompt
 		}
-		d.router, d.key = v.router, key
+		d.router, d.key, d.entry, d.moves = v.router, key, e, e.moves
 	}
 	return d
 }
 
-// ended records that a request of key's conversation on rep ended, with
-// reply: when it was the last one there, the entry notes rep's writes and
-// free room now, and what reply says of the chain it stored.
-func (r *Router) ended(key uint64, rep *replicaState, reply Reply) {
-	sh := r.sessions.shard(key)
+// ended records that d, a request on its conversation's pin, ended with
+// reply: when it was the last one there, the entry notes the pin's writes
+// and free room now, and what reply says of the chain it stored. A request
+// sent before the conversation moved, or before its entry was replaced,
+// is not counted in busy: even if the conversation came back to the same
+// replica since, its end says nothing of the new turn.
+func (r *Router) ended(d Decision, reply Reply) {
+	sh := r.sessions.shard(d.key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.byKey[key]
-	if e == nil || e.pin != rep || e.busy <= 0 {
+	e := sh.byKey[d.key]
+	if e != d.entry || e.moves != d.moves || e.busy <= 0 {
 		return
 	}
+	rep := e.pin
 	if e.busy--; e.busy > 0 {
 		return
 	}

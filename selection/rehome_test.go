@@ -83,6 +83,38 @@ func TestRunningConversationIsNotCold(t *testing.T) {
 	}
 }
 
+// A request still in flight when its conversation moved away and came back
+// to the same replica ends without touching the new turn's count: the new
+// turn is still running, so the conversation is not cold.
+func TestRequestSentBeforeAMoveDoesNotEndTheNewTurn(t *testing.T) {
+	r := newTestRouter(2, Config{MaxNumSeqs: 32})
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, kvLoad(1000))
+	}
+	home := id(turn(t, r, "a", 0))
+	other := r.Replicas()[0].ID
+	if other == home {
+		other = r.Replicas()[1].ID
+	}
+	stale := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: t0.Add(time.Second)})
+	r.SetHealthy(home, false)
+	if d := turn(t, r, "a", 2*time.Second); id(d) != other {
+		t.Fatalf("with its pin down: %v on %s, want %s", d.Outcome, id(d), other)
+	}
+	r.SetHealthy(home, true)
+	r.SetHealthy(other, false)
+	running := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: t0.Add(3 * time.Second)})
+	defer running.Release()
+	if id(running) != home {
+		t.Fatalf("back: %v on %s, want %s", running.Outcome, id(running), home)
+	}
+	stale.Release()
+	r.SetLoad(home, kvLoad(1000+100000))
+	if d := turn(t, r, "a", 4*time.Second); d.Outcome != Sticky || id(d) != home {
+		t.Fatalf("with its new turn running: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+	}
+}
+
 // Without the engines' counters nothing is ever judged cold.
 func TestNoCountersNoRehoming(t *testing.T) {
 	r := newTestRouter(2, Config{MaxNumSeqs: 32})

@@ -28,8 +28,10 @@ type session struct {
 	// Written and relFree its free KV tokens then: the conversation's
 	// blocks joined the end of the pin's free queue, behind relFree
 	// tokens, and are evicted once the pin has written more than that.
-	busy                int32
-	released            bool
+	busy     int32
+	released bool
+	moves    uint32 // repins, so that a request sent before one is not counted
+
 	relWritten, relFree float64
 	lastPrompt          int
 	// chain is what the pin's KV cache events tell of the conversation.
@@ -132,6 +134,7 @@ func (e *session) repin(pin *replicaState) {
 	// Requests in flight on the old pin no longer say anything of the
 	// conversation's cache on the new one.
 	e.busy, e.released = 0, false
+	e.moves++
 }
 
 func (s *sessionShard) remove(e *session) {
