@@ -54,8 +54,12 @@ type seenRequest struct {
 	rank    string // X-data-parallel-rank as received
 }
 
-// holdHeader asks the fake to keep the stream open that long.
-const holdHeader = "X-Test-Hold"
+// holdHeader asks the fake to keep the stream open that long before its
+// reply; lingerHeader, that long after its last event.
+const (
+	holdHeader   = "X-Test-Hold"
+	lingerHeader = "X-Test-Linger"
+)
 
 // conversationHeader names the conversation for sessionsSeen, for clients
 // that send no X-Claude-Code-Session-Id; warden does not read it.
@@ -99,8 +103,9 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.seen = append(f.seen, seenRequest{session: session, rank: rankHeader})
 	held := fmt.Sprintf("%d/%s", engine, session)
+	cached := min(len(body), f.lastPrompt[held])
 	f.tokens[engine].prompt += len(body)
-	f.tokens[engine].cached += min(len(body), f.lastPrompt[held])
+	f.tokens[engine].cached += cached
 	f.tokens[engine].generated++
 	f.lastPrompt[held] = len(body)
 	f.mu.Unlock()
@@ -119,7 +124,16 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprint(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"ok\"}}\n\n")
+	fmt.Fprintf(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},"+
+		"\"usage\":{\"input_tokens\":%d,\"cache_read_input_tokens\":%d,\"output_tokens\":1}}\n\n", len(body)-cached, cached)
 	fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	if linger, _ := time.ParseDuration(r.Header.Get(lingerHeader)); linger > 0 {
+		flusher.Flush()
+		select {
+		case <-time.After(linger):
+		case <-r.Context().Done():
+		}
+	}
 }
 
 func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {

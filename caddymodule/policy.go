@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -15,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/lmwarden/caddy-warden/replyend"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -127,10 +127,14 @@ type inFlight struct {
 	// or its client left while it waited, so that no retry sends it.
 	ticket     *selection.Ticket
 	turnedAway bool
-	// body is the request body's size, and reply what warden_stop_reason
-	// read of the reply, stored before release runs.
-	body  selection.Body
-	reply atomic.Pointer[selection.Reply]
+	// body is the request body's size.
+	body selection.Body
+	// reply is what warden_stop_reason reads of the reply as it streams,
+	// and release takes what it has read by then: a client may hang up at
+	// the reply's last event, ending the request before the handler
+	// returns.
+	replyMu sync.Mutex
+	reply   *replyend.Scanner
 
 	mu sync.Mutex
 	d  selection.Decision
@@ -157,13 +161,37 @@ func (f *inFlight) needsUsage() bool {
 	return f.d.NeedsUsage()
 }
 
+// readReply feeds the reply's next bytes to what release reads of it.
+func (f *inFlight) readReply(p []byte) {
+	f.replyMu.Lock()
+	defer f.replyMu.Unlock()
+	if f.reply == nil {
+		f.reply = new(replyend.Scanner)
+	}
+	f.reply.Write(p)
+}
+
+// replyRead is what the reply told so far: whether it ended the agent's
+// task, and its usage (the prompt's size, its cached part, the reply's
+// size). It is zero for a reply not read.
+func (f *inFlight) replyRead() selection.Reply {
+	f.replyMu.Lock()
+	defer f.replyMu.Unlock()
+	if f.reply == nil {
+		return selection.Reply{}
+	}
+	u := f.reply.Usage()
+	return selection.Reply{
+		TaskEnded:    f.reply.TaskEnded(),
+		PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CacheReported: u.CacheReported,
+		OutputTokens: u.OutputTokens,
+	}
+}
+
 // release gives back the in-flight count first, so that a turn load
 // control admits in the room the ticket's end frees sees it.
 func (f *inFlight) release() {
-	var reply selection.Reply
-	if r := f.reply.Load(); r != nil {
-		reply = *r
-	}
+	reply := f.replyRead()
 	f.swap(selection.Decision{}).End(reply)
 	f.ticket.End(time.Now(), reply)
 }

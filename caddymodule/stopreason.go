@@ -8,9 +8,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/lmwarden/caddy-warden/replyend"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func init() {
@@ -49,32 +46,23 @@ func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandl
 	return s, err
 }
 
-// ServeHTTP passes the request on and tells warden, before the request's
-// end releases it, whether the reply ended the agent's task and the usage
-// it reported: the prompt's size, its cached part, the reply's size.
+// ServeHTTP passes the request on, and the reply's bytes, as they stream
+// through, to what the request's end tells warden: whether the reply ended
+// the agent's task, and the usage it reported (the prompt's size, its
+// cached part, the reply's size).
 func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	sw := &stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}
-	err := next.ServeHTTP(sw, r)
-	if sw.held != nil {
-		u := sw.scan.Usage()
-		sw.held.reply.Store(&selection.Reply{
-			TaskEnded:    sw.scan.TaskEnded(),
-			PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CacheReported: u.CacheReported,
-			OutputTokens: u.OutputTokens,
-		})
-	}
-	return err
+	return next.ServeHTTP(&stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}, r)
 }
 
-// stopReasonWriter scans what the reply writes, once it knows the request
-// holds a ticket or goes to a replica whose KV cache events warden follows:
-// warden's Select has run by the reply's first write.
+// stopReasonWriter hands what the reply writes to its request's inFlight,
+// once it knows the request holds a ticket or goes to a replica whose KV
+// cache events warden follows: warden's Select has run by the reply's
+// first write.
 type stopReasonWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	r       *http.Request
 	checked bool
 	held    *inFlight
-	scan    replyend.Scanner
 }
 
 func (w *stopReasonWriter) Write(p []byte) (int, error) {
@@ -85,7 +73,7 @@ func (w *stopReasonWriter) Write(p []byte) (int, error) {
 		}
 	}
 	if w.held != nil {
-		w.scan.Write(p)
+		w.held.readReply(p)
 	}
 	return w.ResponseWriterWrapper.Write(p)
 }

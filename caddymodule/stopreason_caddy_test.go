@@ -1,6 +1,7 @@
 package caddymodule_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -174,6 +175,38 @@ func TestRepliesUsageThroughCaddy(t *testing.T) {
 	if got.Resident.PromptTokens < 3*1000 || got.NonResident.PromptTokens != got.Resident.PromptTokens {
 		t.Errorf("prompt tokens: resident %d, non-resident %d; want equal and over 3,000", got.Resident.PromptTokens, got.NonResident.PromptTokens)
 	}
+}
+
+// A client may stop reading at the reply's last event and hang up, as the
+// load generator does, before the upstream has closed its stream: the
+// request's end then comes before the handler returns, and what the reply
+// said must still reach load control.
+func TestReplyReadWhenItsClientLeavesAtItsLastEvent(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	f, _ := runCaddy(t, caddySetup{
+		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
+		siteDirectives: "warden_stop_reason",
+	}, backend.addr)
+	req, err := http.NewRequest(http.MethodPost, "http://"+f.site+"/v1/messages", strings.NewReader(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Claude-Code-Session-Id", "a")
+	req.Header.Set(lingerHeader, "3s")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := bufio.NewScanner(resp.Body)
+	for events.Scan() && !strings.Contains(events.Text(), `"message_stop"`) {
+	}
+	resp.Body.Close()
+	// Before the upstream's stream ends (3 s), the reply's end_turn and
+	// usage are read.
+	testrun.Eventually(t, 2*time.Second, "1 task ended and 1 reply read", func() bool {
+		got := f.status(t).LoadControl
+		return got.TaskEnded == 1 && got.Replies.Read == 1
+	})
 }
 
 func deref(p *float64) any {

@@ -74,10 +74,10 @@ func TestShortRun(t *testing.T) {
 	}
 	for _, r := range status.Replicas {
 		t.Logf("replica %s: KV cache events %+v", r.ID, r.KVEvents)
-		// A handful of turns a replica: those cut when the load stops end
-		// without usage, so only found chains are asserted.
-		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 || ev.ChainsFound == 0 {
-			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage, chains found", r.ID, ev)
+		// A handful of turns a replica, of which the one cut when the load
+		// stops ends without usage: most chains are found, not all.
+		if ev := r.KVEvents; ev == nil || ev.Batches == 0 || ev.Blocks == 0 || ev.Garbage != 0 || ev.ChainsFound <= ev.ChainsMissed {
+			t.Errorf("replica %s: KV cache events %+v, want batches and blocks followed, no garbage, more chains found than missed", r.ID, ev)
 		}
 	}
 }
