@@ -54,15 +54,14 @@ func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 			"--seed", strconv.FormatUint(o.Seed, 10),
 			"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
 		}, o.SimArgs...)}
-		if o.Topology == TopologyServers {
-			events, err := caddyproc.FreeAddr()
-			if err != nil {
-				return nil, err
-			}
-			s.KVEvents = "tcp://" + events
-			s.args = append(s.args, "--kv-events-config",
-				fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": %q, "topic": %q}`, s.KVEvents, kvEventsTopic))
+		// As vLLM does, rank r publishes on the endpoint's port + r.
+		events, err := freePortRun(ranks)
+		if err != nil {
+			return nil, err
 		}
+		s.KVEvents = "tcp://" + events
+		s.args = append(s.args, "--kv-events-config",
+			fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": %q, "topic": %q}`, s.KVEvents, kvEventsTopic))
 		if err := s.start(); err != nil {
 			StopSims(sims)
 			return nil, err
@@ -76,6 +75,33 @@ func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 		}
 	}
 	return sims, nil
+}
+
+// freePortRun returns a loopback address whose port and the n-1 after it
+// were free a moment ago (all held open together, then closed).
+func freePortRun(n int) (string, error) {
+	for range 100 {
+		first, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		lns := []net.Listener{first}
+		port := first.Addr().(*net.TCPAddr).Port
+		for i := 1; i < n && port+i <= 65535; i++ {
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+i)))
+			if err != nil {
+				break
+			}
+			lns = append(lns, ln)
+		}
+		for _, ln := range lns {
+			ln.Close()
+		}
+		if len(lns) == n {
+			return first.Addr().String(), nil
+		}
+	}
+	return "", fmt.Errorf("no %d consecutive free loopback ports found", n)
 }
 
 func (s *Sim) start() error {

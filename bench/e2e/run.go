@@ -134,12 +134,7 @@ func Policies(topology string) []string {
 	if len(out) == 0 {
 		return nil
 	}
-	for _, v := range slices.Sorted(maps.Keys(wardenVariants)) {
-		if v != lab.PolicyWardenEvents || topology == TopologyServers { // ranks publish on consecutive ports, which a run does not reserve
-			out = append(out, v)
-		}
-	}
-	return out
+	return append(out, slices.Sorted(maps.Keys(wardenVariants))...)
 }
 
 func (o *Options) check() error {
@@ -267,6 +262,8 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 	scaled := func(d time.Duration) string { return time.Duration(float64(d) / o.TimeScale).String() }
 	model := "replicas " + strings.Join(upstreams, " ")
 	switch {
+	case o.Topology == TopologyRanks && policy == lab.PolicyWardenEvents:
+		model = fmt.Sprintf("server %s ranks %d {\n\t\t\t\tkv_events %s %s\n\t\t\t}", upstreams[0], o.Replicas, sims[0].KVEvents, kvEventsTopic)
 	case o.Topology == TopologyRanks:
 		model = fmt.Sprintf("server %s ranks %d", upstreams[0], o.Replicas)
 	case policy == lab.PolicyWardenEvents:

@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/lab"
 )
 
 // Warden's variants are warden with one model option off; every time in the
@@ -56,6 +59,42 @@ func TestWardenVariantsConfig(t *testing.T) {
 	o.Policies = []string{"warden-bogus"}
 	if err := o.check(); err == nil {
 		t.Error("an unknown variant was accepted")
+	}
+}
+
+// Under warden-events each replica's block names where its KV cache events
+// are published; a server with data-parallel ranks names its first port,
+// and its ranks publish on the ports after it, which the run finds free.
+func TestKVEventsConfig(t *testing.T) {
+	inst := &Instance{Site: "127.0.0.1:3", Admin: "127.0.0.1:4"}
+	o := Options{Topology: TopologyServers, Replicas: 2, MaxNumSeqs: 32, TimeScale: 10, Workload: agentload.DefaultConfig()}
+	sims := []*Sim{{Addr: "127.0.0.1:1", KVEvents: "tcp://127.0.0.1:5557"}, {Addr: "127.0.0.1:2", KVEvents: "tcp://127.0.0.1:5600"}}
+	cfg := caddyfile(o, lab.PolicyWardenEvents, sims, &Cluster{}, inst)
+	for _, want := range []string{"replica 127.0.0.1:1 {\n\t\t\t\tkv_events tcp://127.0.0.1:5557 " + kvEventsTopic, "replica 127.0.0.1:2 {\n\t\t\t\tkv_events tcp://127.0.0.1:5600 " + kvEventsTopic} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("servers: %q missing:\n%s", want, cfg)
+		}
+	}
+	o.Topology, o.Replicas = TopologyRanks, 4
+	cfg = caddyfile(o, lab.PolicyWardenEvents, sims[:1], &Cluster{}, inst)
+	if want := "server 127.0.0.1:1 ranks 4 {\n\t\t\t\tkv_events tcp://127.0.0.1:5557 " + kvEventsTopic; !strings.Contains(cfg, want) {
+		t.Errorf("ranks: %q missing:\n%s", want, cfg)
+	}
+	if cfg := caddyfile(o, "warden", sims[:1], &Cluster{}, inst); strings.Contains(cfg, "kv_events") {
+		t.Errorf("warden follows no events:\n%s", cfg)
+	}
+	addr, err := freePortRun(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	first, _ := strconv.Atoi(port)
+	for p := first; p < first+4; p++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d of the run from %d: %v", p, first, err)
+		}
+		ln.Close()
 	}
 }
 
