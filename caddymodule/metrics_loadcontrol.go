@@ -11,6 +11,7 @@ var (
 	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
 	descResidentTokens     = desc("resident_tokens", "Prompt tokens of the conversations resident on the replica: their last reply's count when warden_stop_reason read it, else their body bytes / the learned bytes per token.", replicaLabels...)
 	descReplyTokens        = desc("load_control_reply_tokens_total", "Prompt tokens the replies of admitted turns reported (read by warden_stop_reason), by turn (resident: its conversation was resident when it arrived; non_resident: the others) and part (prompt: all; cached: found in the prefix cache, reported by vLLM with --enable-prompt-tokens-details).", "model", "turn", "part")
+	descLoadControlAside   = desc("load_control_stepped_aside", "1 while load control steps aside, admitting every turn at once, because most idle residents' residency expired before their conversation came back (late_share in the admin API over a half); else 0.", "model")
 	descBytesPerToken      = desc("load_control_bytes_per_token", "Request body bytes per prompt token, learned from the replies' prompt sizes; load control sizes turns by it (4 before any reply).", "model")
 	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size; no sample while unknown.", replicaLabels...)
 
@@ -26,7 +27,7 @@ var (
 )
 
 func describeLoadControl(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlTurns, descReplyTokens, descBytesPerToken, descResidents, descResidentTokens, descKVCapacity} {
+	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descResidents, descResidentTokens, descKVCapacity} {
 		ch <- d
 	}
 	loadControlWaitSeconds.Describe(ch)
@@ -34,6 +35,11 @@ func describeLoadControl(ch chan<- *prometheus.Desc) {
 
 func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadControlStatus) {
 	ch <- prometheus.MustNewConstMetric(descLoadControlWaiting, prometheus.GaugeValue, float64(lc.Waiting), model)
+	aside := 0.0
+	if lc.SteppedAside {
+		aside = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descLoadControlAside, prometheus.GaugeValue, aside, model)
 	for result, n := range map[string]uint64{
 		"admitted": lc.Admitted, "queued": lc.Queued, "forced": lc.Forced, "refused": lc.Refused, "cancelled": lc.Cancelled, "task_ended": lc.TaskEnded,
 	} {

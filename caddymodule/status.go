@@ -69,6 +69,12 @@ type LoadControlStatus struct {
 	StaggerSeconds float64 `json:"stagger_s"`
 	// Waiting is the number of turns held now.
 	Waiting int `json:"waiting"`
+	// LateShare is the share of idle residents whose residency expired
+	// before their conversation came back, recent ones weighing most;
+	// SteppedAside is true while it is over a half: every turn is then
+	// admitted at once, since residency keeps no cache across such pauses.
+	LateShare    float64 `json:"late_share"`
+	SteppedAside bool    `json:"stepped_aside"`
 	// Admitted counts turns admitted, at once or after waiting (forced
 	// included); Queued those that had to wait; Forced those sent over
 	// capacity after max_wait; Refused those answered 503 by a full queue;
@@ -243,6 +249,8 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Quantum:        admission.Quantum,
 			StaggerSeconds: admission.Stagger.Seconds(),
 			Waiting:        st.Admission.Waiting,
+			LateShare:      st.Admission.LateShare,
+			SteppedAside:   st.Admission.SteppedAside,
 			Admitted:       st.Admission.Admitted,
 			Queued:         st.Admission.Queued,
 			Forced:         st.Admission.Forced,

@@ -3,6 +3,7 @@ package selection
 import (
 	"container/list"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -147,6 +148,11 @@ type gate struct {
 	// and of the others, to tell whether residency kept caches.
 	replies, cacheReplies uint64
 	resident, nonResident TokenCounts
+	// lateShare is the share of idle residents whose residency expired
+	// rather than their conversation came back, recent ones weighing
+	// most; aside is set while it is over asideAbove (aside.go).
+	lateShare float64
+	aside     atomic.Bool
 }
 
 // TokenCounts adds up replies' prompts and their cached parts.
@@ -183,6 +189,9 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	notify := v.expire(now.UnixNano())
 	switch {
 	case g.residents[key] != nil:
+		if g.residents[key].running == 0 {
+			g.noteReturn(false)
+		}
 		t.resident = true
 		g.admit(t, g.residents[key].rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
@@ -454,6 +463,7 @@ func (v *View) expire(now int64) []func() {
 	linger := int64(v.cfg.Admission.Linger)
 	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; e = g.idle.Front() {
 		g.drop(e.Value.(*resident))
+		g.noteReturn(true)
 	}
 	return v.admitQueued(now)
 }
@@ -525,10 +535,11 @@ func (r *Router) settle(key uint64, s *replicaState, now int64) {
 }
 
 // hasRoom reports whether tokens more fit in s's share of cache; a replica
-// with nothing resident takes any one conversation, however long.
+// with nothing resident takes any one conversation, however long, and every
+// replica takes any while load control steps aside.
 func (v *View) hasRoom(s *replicaState, tokens int) bool {
 	held := v.router.gate.held[s].tokens
-	if v.router.gate.held[s].count == 0 {
+	if v.router.gate.held[s].count == 0 || v.router.gate.aside.Load() {
 		return true
 	}
 	capacity := v.cfg.Admission.CapacityTokens
@@ -570,6 +581,12 @@ type AdmissionStatus struct {
 	// of the others (a new conversation, or one that waited): residency
 	// works when the first find most of their prompt cached.
 	Resident, NonResident TokenCounts
+	// LateShare is the share of idle residents whose residency expired
+	// rather than their conversation came back, recent ones weighing most;
+	// SteppedAside is set while it is over a half, and every turn is then
+	// admitted at once (aside.go).
+	LateShare    float64
+	SteppedAside bool
 }
 
 // residency is what a replica holds resident.
@@ -593,6 +610,7 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled, TaskEnded: g.taskEnded,
 		Replies: g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
+		LateShare: g.lateShare, SteppedAside: g.aside.Load(),
 	}
 	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {

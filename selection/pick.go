@@ -204,7 +204,7 @@ func (v *View) pick(req Request) Decision {
 			return v.pinByLoad(req, key, now, placeCompacted)
 		}
 	}
-	if !v.cfg.Admission.Enabled && e.cold() { // load control keeps residents' caches itself
+	if !v.holdsTurns() && e.cold() { // load control keeps residents' caches itself
 		sh.mu.Unlock()
 		return v.pinByLoad(req, key, now, placeCold)
 	}

@@ -13,7 +13,8 @@ package selection
 //
 // Load control, when on, keeps its residents' caches and moves the others
 // itself; rehoming then stays out of its way (measured: it cost the
-// throughput mode 3 points of its gain at 24 and 32 sessions).
+// throughput mode 3 points of its gain at 24 and 32 sessions), unless load
+// control steps aside (aside.go).
 
 // ColdShare is how much of a conversation's last prompt its pin may have
 // evicted for it still to count as cached there. Measured on the workload

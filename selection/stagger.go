@@ -38,7 +38,7 @@ func (v *View) mayTakeNewcomer(s *replicaState, now int64) bool {
 func (v *View) nextNewcomer(s *replicaState) time.Time {
 	g := v.router.gate
 	st := g.staggering[s]
-	if v.cfg.Admission.Stagger <= 0 || st.departed || g.held[s].count == 0 {
+	if v.cfg.Admission.Stagger <= 0 || st.departed || g.held[s].count == 0 || g.aside.Load() {
 		return time.Time{}
 	}
 	return time.Unix(0, st.lastNewcomer+int64(v.cfg.Admission.Stagger))

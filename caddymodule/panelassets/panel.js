@@ -127,12 +127,15 @@
     return b;
   }
 
-  // queueBadge shows the turns load control holds; none when it is off.
+  // queueBadge shows the turns load control holds, and whether it steps
+  // aside; none when it is off.
   function queueBadge(lc, badge) {
     if (!lc.enabled) return [];
-    const b = badge("queue", "Queue " + lc.waiting);
+    const b = badge("queue", "Queue " + lc.waiting + (lc.stepped_aside ? " · stepped aside" : ""));
     b.title = "turns waiting for room in a KV cache (at most " + lc.max_queue + ", each at most " + lc.max_wait_s + " s); " +
-      lc.queued + " waited, " + lc.forced + " sent after max_wait, " + lc.refused + " refused";
+      lc.queued + " waited, " + lc.forced + " sent after max_wait, " + lc.refused + " refused; " +
+      Math.round(100 * lc.late_share) + "% of the idle conversations came back after linger" +
+      (lc.stepped_aside ? ", so every turn is admitted at once" : "");
     return [b];
   }
 
