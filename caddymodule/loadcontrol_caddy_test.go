@@ -251,6 +251,33 @@ func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
 	}
 }
 
+// Conversations that come back only after their linger make load control
+// step aside, and the admin JSON says so: a turn that would wait behind a
+// resident is then sent at once.
+func TestLoadControlStepsAsideForLateConversations(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	f := startFleet(t, loadControlBlock("linger 100ms"), backend)
+	for i := 0; !f.status(t).LoadControl.SteppedAside; i++ {
+		if i == 20 {
+			t.Fatalf("not stepped aside after 20 turns back after their linger: %+v", f.status(t).LoadControl)
+		}
+		if a := sendTurn(context.Background(), f, "late"); a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("turn %d: %+v", i, a)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if st := f.status(t).LoadControl; st.LateShare <= 0.5 || st.Queued != 0 {
+		t.Errorf("load_control %+v, want late_share over a half and no turn queued", st)
+	}
+	holdTurn(t, f, "resident")
+	if a := sendTurn(context.Background(), f, "next"); a.err != nil || a.status != http.StatusOK {
+		t.Fatalf("the next turn: %+v", a)
+	}
+	if st := f.status(t).LoadControl; st.Queued != 0 || !st.SteppedAside {
+		t.Errorf("load_control %+v, want nothing queued while stepped aside", st)
+	}
+}
+
 // With load control off nothing is held, whatever the capacity, and the KV
 // capacity shown is the replica's own (cache_config_info).
 func TestLoadControlOffHoldsNothing(t *testing.T) {
