@@ -256,7 +256,7 @@ func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
 // resident is then sent at once.
 func TestLoadControlStepsAsideForLateConversations(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, loadControlBlock("linger 100ms"), backend)
+	f := startFleet(t, loadControlBlock("linger 100ms\n\t\t\t\tmax_wait 3s"), backend)
 	for i := 0; !f.status(t).LoadControl.SteppedAside; i++ {
 		if i == 20 {
 			t.Fatalf("not stepped aside after 20 turns back after their linger: %+v", f.status(t).LoadControl)

@@ -462,8 +462,9 @@ func (v *View) expire(now int64) []func() {
 	g := v.router.gate
 	linger := int64(v.cfg.Admission.Linger)
 	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; e = g.idle.Front() {
-		g.drop(e.Value.(*resident))
-		g.noteReturn(true)
+		res := e.Value.(*resident)
+		g.drop(res)
+		g.noteExpiry(res, now, linger)
 	}
 	return v.admitQueued(now)
 }
@@ -610,7 +611,7 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled, TaskEnded: g.taskEnded,
 		Replies: g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
-		LateShare: g.lateShare, SteppedAside: g.aside.Load(),
+		LateShare: g.lateShare, SteppedAside: v.cfg.Admission.Enabled && v.cfg.Affinity && g.aside.Load(),
 	}
 	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {

@@ -1,26 +1,35 @@
 package selection
 
+import "time"
+
 // Stepping aside. Load control pays when a conversation comes back within
 // Linger of its turn's end: its residency kept its cache for that turn.
 // Agents whose tools, or whose people, take longer come back after their
 // residency ended, and holding turns then only keeps the replicas below the
-// concurrency they could run, for no cache kept (lab: 0.81-0.99× the best
+// concurrency they could run, for no cache kept (lab: 0.89-0.98× the best
 // baseline's throughput at 10 to 60 s between turns; docs/policy.md).
 //
-// So load control follows how often an idle resident came back in time
-// rather than expired, and while most expire it steps aside: every turn is
-// admitted at once, new conversations are not staggered, and rehoming
-// judges caches as it does without load control. It keeps tracking
-// residents meanwhile, and takes over again once conversations come back
-// in time. A resident whose reply ended its task, or that yielded after
-// its quantum, neither came back nor expired: it does not count.
+// So load control follows, for each idle resident, whether its
+// conversation came back in time or its residency expired first, and
+// while most expire it steps aside: every turn is admitted at once, new
+// conversations are not staggered, and rehoming judges caches as it does
+// without load control. It keeps tracking residents meanwhile, and takes
+// over again once clearly fewer expire. A resident that left otherwise
+// (its reply ended its task, it yielded after its quantum or to an
+// underestimate, its conversation moved) neither came back nor expired,
+// and neither does one whose expiry load control was not there to see
+// (off, then on again after a reload).
 
 const (
 	// returnWeight is the weight of one return in the late share: about
 	// the last 16 returns count.
 	returnWeight = 1.0 / 16
-	// asideAbove is the late share above which load control steps aside.
-	asideAbove = 0.5
+	// asideAbove is the late share above which load control steps aside,
+	// and holdAgainBelow the one below which it takes over again: apart,
+	// so that a share near either does not flip it at every return (lab:
+	// one p95 loss fewer on the grid than a single threshold).
+	asideAbove     = 0.5
+	holdAgainBelow = 0.35
 )
 
 // noteReturn records that an idle resident came back in time (late false)
@@ -31,7 +40,43 @@ func (g *gate) noteReturn(late bool) {
 		x = 1
 	}
 	g.lateShare += returnWeight * (x - g.lateShare)
-	g.aside.Store(g.lateShare > asideAbove)
+	if g.aside.Load() {
+		g.aside.Store(g.lateShare >= holdAgainBelow)
+	} else {
+		g.aside.Store(g.lateShare > asideAbove)
+	}
+}
+
+// expirySeenWithin is how late past its due time an expiry is still seen
+// in time: expiries are seen by the next turn's Admit or by the sweep,
+// every second.
+const expirySeenWithin = 2 * time.Second
+
+// noteExpiry records the expiry of res, due at Linger after its turn
+// ended, if seen in time: an expiry seen long after it was due (load
+// control was off meanwhile) says nothing of when its conversation came
+// back (g.mu held).
+func (g *gate) noteExpiry(res *resident, now, linger int64) {
+	if now-res.idleSince < 2*linger+int64(expirySeenWithin) {
+		g.noteReturn(true)
+	}
+}
+
+// follow moves key's residency, if any, to rep, where the routing pinned
+// the conversation anew (rehomed while load control steps aside, its pin
+// down, its prompt compacted): what it holds is counted where its turns
+// now go.
+func (g *gate) follow(key uint64, rep *replicaState) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	res := g.residents[key]
+	if res == nil || res.rep == rep {
+		return
+	}
+	g.hold(res, -1)
+	g.residentLeft(res.rep)
+	res.rep = rep
+	g.hold(res, +1)
 }
 
 // holdsTurns reports whether load control is on and not stepped aside.

@@ -6,51 +6,140 @@ import (
 	"time"
 )
 
+// asideRouter is admissionRouter (two replicas of 100 tokens, linger 10 s)
+// with other settings, and a clock.
+type asideRouter struct {
+	testRouter
+	now time.Time
+}
+
+func newAsideRouter(cfg AdmissionConfig) *asideRouter {
+	cfg.Enabled, cfg.CapacityTokens, cfg.Fill, cfg.Linger = true, 100, 1, 10*time.Second
+	return &asideRouter{testRouter: newTestRouter(2, Config{Admission: cfg}), now: t0}
+}
+
+func (r *asideRouter) admit(key string, tokens int) *Ticket {
+	return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, r.now, nil)
+}
+
+func (r *asideRouter) lc() AdmissionStatus { return r.Status().Admission }
+
+// stepAside sends rounds of four conversations of 40 tokens, filling both
+// replicas while a fifth waits, then leaves; each pauses 11 s, past
+// linger, until load control steps aside.
+func (r *asideRouter) stepAside(t *testing.T) {
+	t.Helper()
+	for round := 0; !r.lc().SteppedAside; round++ {
+		if round == 10 {
+			t.Fatalf("not stepped aside after 10 rounds of late returns: %+v", r.lc())
+		}
+		for i := range 4 {
+			tk := r.admit(fmt.Sprintf("r%d-%d", round, i), 40)
+			mustState(t, tk, Admitted)
+			tk.Done(r.now)
+		}
+		waits := r.admit(fmt.Sprintf("r%d-waits", round), 40)
+		mustState(t, waits, Waiting)
+		waits.Cancel(r.now)
+		r.now = r.now.Add(11 * time.Second)
+		r.Sweep(r.now)
+	}
+}
+
 // Load control steps aside while most idle residents expire instead of
 // coming back within linger, admitting every turn at once, and takes over
 // again once conversations come back in time.
 func TestAdmissionStepsAsideWhileConversationsComeBackLate(t *testing.T) {
-	r := admissionRouter(0) // 100 tokens a replica, linger 10 s
-	now := t0
-	admit := func(key string) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: 40 * BytesPerToken}, nil, now, nil)
-	}
-	// Each round, four conversations of 40 tokens fill both replicas (two
-	// each) and a fifth waits, then leaves; they pause 30 s, past linger.
-	for round := 0; !r.Status().Admission.SteppedAside; round++ {
-		if round == 10 {
-			t.Fatalf("not stepped aside after 10 rounds of late returns: %+v", r.Status().Admission)
-		}
-		for i := range 4 {
-			tk := admit(fmt.Sprintf("r%d-%d", round, i))
-			mustState(t, tk, Admitted)
-			tk.Done(now)
-		}
-		waits := admit(fmt.Sprintf("r%d-waits", round))
-		mustState(t, waits, Waiting)
-		waits.Cancel(now)
-		now = now.Add(30 * time.Second)
-		r.Sweep(now)
-	}
+	r := newAsideRouter(AdmissionConfig{})
+	r.stepAside(t)
 	var running []*Ticket
 	for i := range 6 { // 240 tokens on 200: all admitted at once
-		tk := admit(fmt.Sprintf("aside-%d", i))
+		tk := r.admit(fmt.Sprintf("aside-%d", i), 40)
 		mustState(t, tk, Admitted)
 		running = append(running, tk)
 	}
 	// The same six come back 2 s after each turn, within linger, until
 	// load control holds turns again.
-	for turn := 0; r.Status().Admission.SteppedAside; turn++ {
+	for turn := 0; r.lc().SteppedAside; turn++ {
 		if turn == 20 {
-			t.Fatalf("still aside after 20 turns that came back in time: %+v", r.Status().Admission)
+			t.Fatalf("still aside after 20 turns that came back in time: %+v", r.lc())
 		}
 		for _, tk := range running {
-			tk.Done(now)
+			tk.Done(r.now)
 		}
-		now = now.Add(2 * time.Second)
+		r.now = r.now.Add(2 * time.Second)
 		for i := range running {
-			running[i] = admit(fmt.Sprintf("aside-%d", i))
+			running[i] = r.admit(fmt.Sprintf("aside-%d", i), 40)
 		}
 	}
-	mustState(t, admit("newcomer"), Waiting)
+	if share := r.lc().LateShare; share >= holdAgainBelow {
+		t.Errorf("held again at a late share of %.2f, want below %.2f", share, holdAgainBelow)
+	}
+	mustState(t, r.admit("newcomer", 40), Waiting)
+}
+
+// Only an idle resident's next turn is a return: another turn of a
+// conversation whose turn is running says nothing of its pauses.
+func TestAdmissionCountsOnlyIdleResidentsReturns(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{})
+	r.stepAside(t)
+	share := r.lc().LateShare
+	first := r.admit("busy", 40)
+	for range 20 {
+		r.admit("busy", 40)
+	}
+	first.Done(r.now)
+	if got := r.lc().LateShare; got != share || !r.lc().SteppedAside {
+		t.Errorf("late share %.3f after turns of a running conversation, want %.3f, still aside", got, share)
+	}
+}
+
+// An expiry seen long after it was due, as when load control is turned
+// off and on again by reloads, is not a late return.
+func TestAdmissionIgnoresExpiriesSeenLate(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{})
+	for i := range 20 {
+		r.admit(fmt.Sprintf("c%d", i), 5).Done(r.now)
+	}
+	r.now = r.now.Add(time.Hour)
+	r.Sweep(r.now)
+	if st := r.lc(); st.LateShare != 0 || st.SteppedAside {
+		t.Errorf("%+v after expiries seen an hour late, want late share 0", st)
+	}
+}
+
+// While aside, a replica filling from empty is not staggered, and a
+// conversation whose pin evicted its cache is rehomed, its residency
+// following it to its new replica.
+func TestAdmissionAsideNeitherStaggersNorKeepsColdPins(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{})
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, kvLoad(1000))
+	}
+	r.stepAside(t)
+	staggered := r.cfg
+	staggered.Admission.Stagger = time.Minute
+	r.reload(staggered, servers(2))
+	r.now = r.now.Add(time.Minute) // every resident gone, nothing staggered yet
+	r.Sweep(r.now)
+	a := r.admit("a", 40)
+	mustState(t, a, Admitted)
+	mustState(t, r.admit("b", 40), Admitted) // staggered when held: 1 minute
+	mustState(t, r.admit("c", 40), Admitted)
+	d := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: r.now})
+	home := id(d)
+	d.Release()
+	a.Done(r.now)
+	r.SetLoad(home, kvLoad(1000+200000)) // its pin has written far past its room
+	r.now = r.now.Add(time.Second)
+	again := r.admit("a", 40)
+	mustState(t, again, Admitted)
+	moved := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: r.now})
+	defer moved.Release()
+	if moved.Outcome != Rehomed || id(moved) == home {
+		t.Fatalf("cold while aside: %v on %s, want rehomed off %s", moved.Outcome, id(moved), home)
+	}
+	if res := r.Router.gate.residents[HashKey("a")]; res == nil || res.rep.ID != id(moved) {
+		t.Errorf("a's residency on %v, want it on %s with its pin", res, id(moved))
+	}
 }

@@ -162,6 +162,9 @@ func (v *View) Pick(req Request) Decision {
 		req.PromptTokens = int(math.Round(v.router.typicalOr1()))
 	}
 	d := v.pick(req)
+	if d.router != nil && d.Outcome != Sticky && v.cfg.Admission.Enabled {
+		v.router.gate.follow(d.key, d.rep)
+	}
 	if d.rep != nil {
 		d.rep.lastSent.Store(req.Now.UnixNano())
 		d.tokens = int64(req.PromptTokens)

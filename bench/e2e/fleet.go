@@ -22,8 +22,8 @@ const kvEventsTopic = "kv-events"
 // Sim is one running vllmsim process.
 type Sim struct {
 	Addr string // host:port of its API
-	// KVEvents is where it publishes its KV cache events, tcp://host:port
-	// (one server per replica only).
+	// KVEvents is where it publishes its KV cache events, tcp://host:port;
+	// with data-parallel ranks, rank r on port + r.
 	KVEvents string
 	bin      string
 	args     []string
