@@ -71,8 +71,9 @@ type LoadControlStatus struct {
 	Waiting int `json:"waiting"`
 	// LateShare is the share of idle residents whose residency expired
 	// before their conversation came back, recent ones weighing most;
-	// SteppedAside is true while it is over a half: every turn is then
-	// admitted at once, since residency keeps no cache across such pauses.
+	// SteppedAside is set once it is over 0.5 and cleared once it is below
+	// 0.35 (selection/aside.go): every turn is admitted at once meanwhile,
+	// since residency keeps no cache across such pauses.
 	LateShare    float64 `json:"late_share"`
 	SteppedAside bool    `json:"stepped_aside"`
 	// Admitted counts turns admitted, at once or after waiting (forced

@@ -150,7 +150,8 @@ type gate struct {
 	resident, nonResident TokenCounts
 	// lateShare is the share of idle residents whose residency expired
 	// rather than their conversation came back, recent ones weighing
-	// most; aside is set while it is over asideAbove (aside.go).
+	// most; aside is set once it is over asideAbove and cleared once it is
+	// below holdAgainBelow (aside.go).
 	lateShare float64
 	aside     atomic.Bool
 }
@@ -584,8 +585,8 @@ type AdmissionStatus struct {
 	Resident, NonResident TokenCounts
 	// LateShare is the share of idle residents whose residency expired
 	// rather than their conversation came back, recent ones weighing most;
-	// SteppedAside is set while it is over a half, and every turn is then
-	// admitted at once (aside.go).
+	// SteppedAside is set once it is over 0.5 and cleared once it is below
+	// 0.35; every turn is admitted at once meanwhile (aside.go).
 	LateShare    float64
 	SteppedAside bool
 }

@@ -16,9 +16,9 @@ import "time"
 // without load control. It keeps tracking residents meanwhile, and takes
 // over again once clearly fewer expire. A resident that left otherwise
 // (its reply ended its task, it yielded after its quantum or to an
-// underestimate, its conversation moved) neither came back nor expired,
-// and neither does one whose expiry load control was not there to see
-// (off, then on again after a reload).
+// underestimate) neither came back nor expired, and neither does one
+// whose expiry load control was not there to see (off, then on again
+// after a reload).
 
 const (
 	// returnWeight is the weight of one return in the late share: about
@@ -47,9 +47,9 @@ func (g *gate) noteReturn(late bool) {
 	}
 }
 
-// expirySeenWithin is how late past its due time an expiry is still seen
-// in time: expiries are seen by the next turn's Admit or by the sweep,
-// every second.
+// expirySeenWithin is how late past its due time (Linger after its turn
+// ended) an expiry is still seen in time: expiries are seen by the next
+// turn's Admit or by the sweep, every second.
 const expirySeenWithin = 2 * time.Second
 
 // noteExpiry records the expiry of res, due at Linger after its turn
@@ -57,26 +57,34 @@ const expirySeenWithin = 2 * time.Second
 // control was off meanwhile) says nothing of when its conversation came
 // back (g.mu held).
 func (g *gate) noteExpiry(res *resident, now, linger int64) {
-	if now-res.idleSince < 2*linger+int64(expirySeenWithin) {
+	if now-res.idleSince < linger+int64(expirySeenWithin) {
 		g.noteReturn(true)
 	}
 }
 
-// follow moves key's residency, if any, to rep, where the routing pinned
-// the conversation anew (rehomed while load control steps aside, its pin
-// down, its prompt compacted): what it holds is counted where its turns
-// now go.
-func (g *gate) follow(key uint64, rep *replicaState) {
+// follow moves key's residency, if any, to its pin, where the routing
+// pinned the conversation anew at now (rehomed while load control steps
+// aside, its pin down, its prompt compacted, adopted from a shared pin
+// table): what it holds is counted where its turns now go, and it is a
+// newcomer there. The pin is read again under the gate's lock, so that of
+// two moves of one conversation ending out of order, the last pin wins.
+func (v *View) follow(key uint64, now int64) {
+	g := v.router.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	res := g.residents[key]
-	if res == nil || res.rep == rep {
+	if res == nil {
+		return
+	}
+	pin := v.router.pinOf(key, now, int64(v.cfg.SessionTTL))
+	if pin == nil || pin == res.rep {
 		return
 	}
 	g.hold(res, -1)
 	g.residentLeft(res.rep)
-	res.rep = rep
+	res.rep = pin
 	g.hold(res, +1)
+	g.tookNewcomer(pin, now)
 }
 
 // holdsTurns reports whether load control is on and not stepped aside.

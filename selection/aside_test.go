@@ -143,3 +143,58 @@ func TestAdmissionAsideNeitherStaggersNorKeepsColdPins(t *testing.T) {
 		t.Errorf("a's residency on %v, want it on %s with its pin", res, id(moved))
 	}
 }
+
+// A reload that turns load control off ends its stepping aside too: the
+// admin status says it holds nothing and steps aside from nothing.
+func TestAdmissionOffIsNotSteppedAside(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{})
+	r.stepAside(t)
+	off := r.cfg
+	off.Admission.Enabled = false
+	r.reload(off, servers(2))
+	if st := r.lc(); st.SteppedAside {
+		t.Errorf("%+v with load control off, want not stepped aside", st)
+	}
+}
+
+// A resident whose pin moves while load control holds turns (its replica
+// down) is counted on its new replica as a newcomer there, and leaves its
+// old one as any resident leaving does, for stagger's sake.
+func TestAdmissionResidencyFollowsAMovedPin(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{Stagger: time.Minute, Quantum: -1})
+	a := r.admit("a", 10)
+	mustState(t, a, Admitted)
+	x := r.admit("x", 10)
+	mustState(t, x, Admitted)
+	home, other := id(r.Pick(Request{Key: "a", Now: r.now})), id(r.Pick(Request{Key: "x", Now: r.now}))
+	if home == other {
+		t.Fatalf("a and x on one replica, %s", home)
+	}
+	r.now = r.now.Add(61 * time.Second) // a's replica may take its next newcomer
+	c := r.Admit(HashKey("c"), Body{Bytes: 10 * BytesPerToken}, func(id string) bool { return id == home }, r.now, nil)
+	mustState(t, c, Admitted)
+	if pin := id(r.Pick(Request{Key: "c", Now: r.now})); pin != home {
+		t.Fatalf("c on %s, want %s", pin, home)
+	}
+	r.now = r.now.Add(time.Second)
+	r.SetHealthy(home, false)
+	moved := r.Pick(Request{Key: "a", Now: r.now})
+	if moved.Outcome != Replaced || id(moved) != other {
+		t.Fatalf("a with its replica down: %v on %s, want replaced on %s", moved.Outcome, id(moved), other)
+	}
+	for _, rs := range r.Status().Replicas {
+		switch rs.ID {
+		case other:
+			if want := r.now.Add(time.Minute); !rs.NextNewcomer.Equal(want) {
+				t.Errorf("%s took a as a newcomer: next newcomer %v, want %v", rs.ID, rs.NextNewcomer, want)
+			}
+		case home:
+			if !rs.NextNewcomer.IsZero() {
+				t.Errorf("%s: a resident left, yet still staggered until %v", rs.ID, rs.NextNewcomer)
+			}
+		}
+	}
+	if res := r.Router.gate.residents[HashKey("a")]; res.rep.ID != other {
+		t.Errorf("a's residency on %s, want %s", res.rep.ID, other)
+	}
+}

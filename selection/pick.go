@@ -162,14 +162,31 @@ func (v *View) Pick(req Request) Decision {
 		req.PromptTokens = int(math.Round(v.router.typicalOr1()))
 	}
 	d := v.pick(req)
-	if d.router != nil && d.Outcome != Sticky && v.cfg.Admission.Enabled {
-		v.router.gate.follow(d.key, d.rep)
+	if v.cfg.Admission.Enabled && d.Outcome.movesPin() {
+		v.follow(req.key(), req.Now.UnixNano())
 	}
 	if d.rep != nil {
 		d.rep.lastSent.Store(req.Now.UnixNano())
 		d.tokens = int64(req.PromptTokens)
 	}
 	return d
+}
+
+// key is the request's hashed session key, 0 for none.
+func (req Request) key() uint64 {
+	if req.Hash != 0 || req.Key == "" {
+		return req.Hash
+	}
+	return HashKey(req.Key)
+}
+
+// movesPin reports whether the outcome pinned the conversation anew.
+func (o Outcome) movesPin() bool {
+	switch o {
+	case Placed, Replaced, Adopted, Joined, Compacted, Rehomed:
+		return true
+	}
+	return false
 }
 
 func (v *View) pick(req Request) Decision {
@@ -182,13 +199,10 @@ func (v *View) pick(req Request) Decision {
 			return Decision{rep: s, Outcome: ClientPinned}
 		}
 	}
-	key := req.Hash
+	key := req.key()
 	if key == 0 {
-		if req.Key == "" {
-			r.unkeyed.Add(1)
-			return v.pickByLoad(req, 0)
-		}
-		key = HashKey(req.Key)
+		r.unkeyed.Add(1)
+		return v.pickByLoad(req, 0)
 	}
 	if !v.cfg.Affinity {
 		return v.pickByLoad(req, key)
