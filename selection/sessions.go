@@ -28,12 +28,13 @@ type session struct {
 	// Written and relFree its free KV tokens then: the conversation's
 	// blocks joined the end of the pin's free queue, behind relFree
 	// tokens, and are evicted once the pin has written more than that.
-	busy     int32
-	released bool
-	moves    uint32 // repins, so that a request sent before one is not counted
-
+	busy                int32
+	released            bool
 	relWritten, relFree float64
 	lastPrompt          int
+	// moves counts the repins, so that the end of a request sent before
+	// one is not counted in busy (Router.ended).
+	moves uint32
 	// chain is what the pin's KV cache events tell of the conversation.
 	chain      chain
 	prev, next *session
