@@ -43,6 +43,7 @@ func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 	for i := range servers {
 		addr, err := caddyproc.FreeAddr()
 		if err != nil {
+			StopSims(sims)
 			return nil, err
 		}
 		_, port, _ := net.SplitHostPort(addr)
@@ -57,6 +58,7 @@ func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 		// As vLLM does, rank r publishes on the endpoint's port + r.
 		events, err := freePortRun(ranks)
 		if err != nil {
+			StopSims(sims)
 			return nil, err
 		}
 		s.KVEvents = "tcp://" + events
