@@ -154,6 +154,9 @@ type gate struct {
 	// below holdAgainBelow (aside.go).
 	lateShare float64
 	aside     atomic.Bool
+	// expired holds when recently expired residencies ended, to count
+	// their conversations' returns late (aside.go).
+	expired map[uint64]int64
 }
 
 // TokenCounts adds up replies' prompts and their cached parts.
@@ -161,7 +164,7 @@ type TokenCounts struct{ Prompt, Cached uint64 }
 
 func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
-		staggering: map[*replicaState]staggering{}}
+		staggering: map[*replicaState]staggering{}, expired: map[uint64]int64{}}
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -188,6 +191,9 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	t.estimate()
 	g.mu.Lock()
 	notify := v.expire(now.UnixNano())
+	if g.residents[key] == nil {
+		g.noteLateReturn(key, now.UnixNano())
+	}
 	switch {
 	case g.residents[key] != nil:
 		if g.residents[key].running == 0 {

@@ -10,15 +10,19 @@ import "time"
 // baseline's throughput at 10 to 60 s between turns; docs/policy.md).
 //
 // So load control follows, for each idle resident, whether its
-// conversation came back in time or its residency expired first, and
-// while most expire it steps aside: every turn is admitted at once, new
-// conversations are not staggered, and rehoming judges caches as it does
-// without load control. It keeps tracking residents meanwhile, and takes
-// over again once clearly fewer expire. A resident that left otherwise
-// (its reply ended its task, it yielded after its quantum or to an
-// underestimate) neither came back nor expired, and neither does one
-// whose expiry load control was not there to see (off, then on again
-// after a reload).
+// conversation came back in time or after its residency expired, and
+// while most come back late it steps aside: every turn is admitted at
+// once, new conversations are not staggered, and rehoming judges caches as
+// it does without load control. It keeps tracking residents meanwhile, and
+// takes over again once clearly fewer come back late. A late return counts
+// when the conversation comes back, not when its residency expires: agents
+// that stop (a farm's batch ends, its runner is killed) leave residencies
+// that expire and never come back, which say nothing of their pauses (lab,
+// --warm: 24 agents after a batch of 16 made load control step aside, and
+// the farm preset let all 24 in). A resident that left otherwise (its reply ended its task, it
+// yielded after its quantum or to an underestimate) neither came back in
+// time nor late, and neither does one whose expiry load control was not
+// there to see (off, then on again after a reload).
 
 const (
 	// returnWeight is the weight of one return in the late share: about
@@ -52,12 +56,43 @@ func (g *gate) noteReturn(late bool) {
 // turn's Admit or by the sweep, every second.
 const expirySeenWithin = 2 * time.Second
 
-// noteExpiry records the expiry of res, due at Linger after its turn
-// ended, if seen in time: an expiry seen long after it was due (load
-// control was off meanwhile) says nothing of when its conversation came
-// back (g.mu held).
+// noteExpiry remembers the expiry of res, due at Linger after its turn
+// ended, if seen in time, so that its conversation's return counts late:
+// an expiry seen long after it was due (load control was off meanwhile)
+// says nothing of when its conversation came back (g.mu held). At most
+// expiriesKept are remembered, any one forgotten to make room.
 func (g *gate) noteExpiry(res *resident, now, linger int64) {
-	if now-res.idleSince < linger+int64(expirySeenWithin) {
+	if now-res.idleSince >= linger+int64(expirySeenWithin) {
+		return
+	}
+	if len(g.expired) >= expiriesKept {
+		for key := range g.expired {
+			delete(g.expired, key)
+			break
+		}
+	}
+	g.expired[res.key] = now
+}
+
+const (
+	// expiriesKept bounds the expiries remembered: a flood of
+	// conversations that never come back cannot grow them.
+	expiriesKept = 4096
+	// lateReturnWithin is how long after its residency expired a
+	// conversation's return still counts late: later, its agent stopped
+	// and another run took its name, or a person came back.
+	lateReturnWithin = 5 * time.Minute
+)
+
+// noteLateReturn counts the return of key, not resident, as late if its
+// residency expired recently (g.mu held).
+func (g *gate) noteLateReturn(key uint64, now int64) {
+	at, ok := g.expired[key]
+	if !ok {
+		return
+	}
+	delete(g.expired, key)
+	if now-at <= int64(lateReturnWithin) {
 		g.noteReturn(true)
 	}
 }

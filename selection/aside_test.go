@@ -24,9 +24,9 @@ func (r *asideRouter) admit(key string, tokens int) *Ticket {
 
 func (r *asideRouter) lc() AdmissionStatus { return r.Status().Admission }
 
-// stepAside sends rounds of four conversations of 40 tokens, filling both
-// replicas while a fifth waits, then leaves; each pauses 11 s, past
-// linger, until load control steps aside.
+// stepAside sends rounds of turns of four conversations of 40 tokens,
+// filling both replicas while a fifth waits, then leaves; each pauses 11 s,
+// past linger, before its next turn, until load control steps aside.
 func (r *asideRouter) stepAside(t *testing.T) {
 	t.Helper()
 	for round := 0; !r.lc().SteppedAside; round++ {
@@ -34,9 +34,12 @@ func (r *asideRouter) stepAside(t *testing.T) {
 			t.Fatalf("not stepped aside after 10 rounds of late returns: %+v", r.lc())
 		}
 		for i := range 4 {
-			tk := r.admit(fmt.Sprintf("r%d-%d", round, i), 40)
+			tk := r.admit(fmt.Sprintf("late-%d", i), 40)
 			mustState(t, tk, Admitted)
 			tk.Done(r.now)
+		}
+		if r.lc().SteppedAside {
+			return
 		}
 		waits := r.admit(fmt.Sprintf("r%d-waits", round), 40)
 		mustState(t, waits, Waiting)
@@ -95,7 +98,8 @@ func TestAdmissionCountsOnlyIdleResidentsReturns(t *testing.T) {
 }
 
 // An expiry seen long after it was due, as when load control is turned
-// off and on again by reloads, is not a late return.
+// off and on again by reloads, does not make its conversation's return
+// late.
 func TestAdmissionIgnoresExpiriesSeenLate(t *testing.T) {
 	r := newAsideRouter(AdmissionConfig{})
 	for i := range 20 {
@@ -103,8 +107,46 @@ func TestAdmissionIgnoresExpiriesSeenLate(t *testing.T) {
 	}
 	r.now = r.now.Add(time.Hour)
 	r.Sweep(r.now)
+	for i := range 20 {
+		r.admit(fmt.Sprintf("c%d", i), 5).Done(r.now)
+	}
 	if st := r.lc(); st.LateShare != 0 || st.SteppedAside {
-		t.Errorf("%+v after expiries seen an hour late, want late share 0", st)
+		t.Errorf("%+v after returns from expiries seen an hour late, want late share 0", st)
+	}
+}
+
+// Conversations that stop (a batch of agents ends) leave residencies that
+// expire and never come back: they say nothing of pauses, and load control
+// keeps holding turns for the next batch. A return long after the expiry
+// is not a late one either, and however many conversations expire, the
+// expiries remembered stay bounded.
+func TestAdmissionAbandonedConversationsAreNotLate(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{})
+	for batch := range 10 {
+		for i := range 4 {
+			r.admit(fmt.Sprintf("b%d-%d", batch, i), 40).Done(r.now)
+		}
+		r.now = r.now.Add(11 * time.Second)
+		r.Sweep(r.now)
+	}
+	if st := r.lc(); st.LateShare != 0 || st.SteppedAside {
+		t.Fatalf("%+v after 10 batches of conversations that never came back, want late share 0", st)
+	}
+	r.now = r.now.Add(lateReturnWithin + time.Second)
+	for i := range 4 {
+		r.admit(fmt.Sprintf("b9-%d", i), 40).Done(r.now)
+	}
+	if share := r.lc().LateShare; share != 0 {
+		t.Errorf("late share %.3f after returns %v past their expiry, want 0", share, lateReturnWithin)
+	}
+
+	flood := newTestRouter(1, Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1 << 30, Linger: time.Second}})
+	for i := range expiriesKept + 100 {
+		flood.Admit(HashKey(fmt.Sprintf("flood-%d", i)), Body{Bytes: BytesPerToken}, nil, t0, nil).Done(t0)
+	}
+	flood.Sweep(t0.Add(2 * time.Second))
+	if n := len(flood.Router.gate.expired); n != expiriesKept {
+		t.Errorf("%d expiries remembered, want %d", n, expiriesKept)
 	}
 }
 
