@@ -22,11 +22,17 @@ type WorkloadVariant struct {
 }
 
 // WorkloadVariants are the variants the grid knows: longer conversations,
-// and first messages smaller and larger than the seed's 7.3k tokens.
+// first messages smaller and larger than the seed's 7.3k tokens, and the
+// same 10.8k tokens a conversation starts with split otherwise between the
+// prefix all conversations share and their own: an agent whose tools and
+// instructions outweigh its task (15k shared, 2k own), and one that shares
+// next to nothing.
 var WorkloadVariants = []WorkloadVariant{
 	{"turns-20", func(w *agentload.Config) { w.Turns = 20 }},
 	{"first-2k", func(w *agentload.Config) { w.FirstMessageTokens = 2000 }},
 	{"first-20k", func(w *agentload.Config) { w.FirstMessageTokens = 20000 }},
+	{"shared-15k", func(w *agentload.Config) { w.SystemPromptTokens, w.FirstMessageTokens = 15000, 2000 }},
+	{"shared-none", func(w *agentload.Config) { w.SystemPromptTokens, w.FirstMessageTokens = 16, 10800 }},
 }
 
 // VariantNames lists WorkloadVariants' names.

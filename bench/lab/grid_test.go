@@ -7,17 +7,17 @@ import (
 
 func TestGridAddsTheVariantsReferenceCellOnlyWhenMissing(t *testing.T) {
 	g := DefaultGrid()
-	// 4 think times x 2 replica counts, then the 3 variants.
-	if n := len(g.sweeps()); n != 8+3 {
-		t.Errorf("default grid: %d sweeps, want 11", n)
+	// 4 think times x 2 replica counts, then the 5 variants.
+	if n := len(g.sweeps()); n != 8+5 {
+		t.Errorf("default grid: %d sweeps, want 13", n)
 	}
-	if got, want := g.Runs(), (4*2*4+3)*len(DefaultPolicies)*3; got != want {
+	if got, want := g.Runs(), (4*2*4+5)*len(DefaultPolicies)*3; got != want {
 		t.Errorf("default grid: %d runs, want %d", got, want)
 	}
 	g.ThinkTimes = []time.Duration{time.Minute}
 	sweeps := g.sweeps()
-	if len(sweeps) != 2+1+3 {
-		t.Fatalf("grid without the variants' cell: %d sweeps, want 6", len(sweeps))
+	if len(sweeps) != 2+1+5 {
+		t.Fatalf("grid without the variants' cell: %d sweeps, want 8", len(sweeps))
 	}
 	if ref := sweeps[2]; ref.variant.Name != DefaultWorkload || ref.think != VariantCell.ThinkTime ||
 		ref.replicas != VariantCell.Replicas || len(ref.sessions) != 1 || ref.sessions[0] != VariantCell.Sessions {
