@@ -63,13 +63,14 @@ func init() {
 //			pin_snapshot_interval <duration>|off
 //			pin_store local|redis { ... }    # overrides the app's
 //			load_control [on|off] {          # hold turns that do not fit in the KV caches
-//				fill <share>                 # of each replica's KV capacity (default 1.3)
+//				fill <share>                 # of each replica's KV capacity (default 0.95)
 //				linger <duration>            # residency after a turn (default 6s)
 //				max_wait <duration>          # then the turn proceeds (default 5m)
 //				max_queue <n>                # then turns are refused, 503 (default 1024)
 //				capacity_tokens <n>          # per replica; 0 reads /metrics
 //				quantum <turns>|off          # turns before a resident yields to waiting ones (default 3)
 //				stagger <duration>|off       # between a filling replica's new conversations (default off)
+//				min_residents <n>            # conversations a replica takes however large (default 2)
 //			}
 //		}
 //	}

@@ -126,8 +126,9 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tcapacity_tokens -1\n\t\t}"), 5, `capacity_tokens: expected a number of tokens, or 0 to read it from /metrics, got "-1"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 5 6\n\t\t}"), 5, `max_queue: unexpected argument "6"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tqueue 5\n\t\t}"), 5,
-			`unrecognized load_control option "queue"; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum or stagger`},
+			`unrecognized load_control option "queue"; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum, stagger or min_residents`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tstagger soon\n\t\t}"), 5, `stagger: expected a duration such as 30s, or off, got "soon"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmin_residents 0\n\t\t}"), 5, `min_residents: expected a positive integer, got "0"`},
 		// The option and model lines themselves.
 		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
 		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},
@@ -250,8 +251,8 @@ func TestParseLoadControl(t *testing.T) {
 		{"load_control {\n\t\t\tfill 0.9\n\t\t\tlinger 10s\n\t\t\tmax_wait 1m\n\t\t\tmax_queue 16\n\t\t\tcapacity_tokens 40000\n\t\t}",
 			selection.AdmissionConfig{Enabled: true, Fill: 0.9, Linger: 10 * time.Second, MaxWait: time.Minute, MaxQueue: 16, CapacityTokens: 40000}},
 		{"load_control off {\n\t\t\tmax_queue 16\n\t\t}", selection.AdmissionConfig{MaxQueue: 16}},
-		{"load_control {\n\t\t\tfill 1.3\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t}",
-			selection.AdmissionConfig{Enabled: true, Fill: 1.3, Quantum: -1, Stagger: 15 * time.Second}},
+		{"load_control {\n\t\t\tfill 1\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tmin_residents 3\n\t\t}",
+			selection.AdmissionConfig{Enabled: true, Fill: 1, Quantum: -1, Stagger: 15 * time.Second, MinResidents: 3}},
 		{"load_control {\n\t\t\tstagger off\n\t\t}", selection.AdmissionConfig{Enabled: true}},
 	} {
 		if got := parse(t, c.lines).admission(); got != c.want {
@@ -278,6 +279,7 @@ func TestLoadControlValidate(t *testing.T) {
 		{LoadControlConfig{MaxQueue: -1}, "max_queue must be positive"},
 		{LoadControlConfig{CapacityTokens: -1}, "capacity_tokens must not be negative"},
 		{LoadControlConfig{Stagger: -1}, "stagger must not be negative"},
+		{LoadControlConfig{MinResidents: -1}, "min_residents must be positive"},
 	} {
 		m := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}, LoadControl: &c.lc}
 		err := m.validate("m")

@@ -149,9 +149,10 @@ func TestExportedMetrics(t *testing.T) {
 
 	t.Run("docs/metrics.md lists every warden series with its type and labels", func(t *testing.T) {
 		// The pin store's series exist only with a store (sharedpins_test.go
-		// checks them).
+		// checks them), the shared prefix's once a reply reported it
+		// (sharedprefix_caddy_test.go).
 		checkMetricsDocumented(t, families, func(name string) bool {
-			return !strings.HasPrefix(name, pinStoreSeries)
+			return !strings.HasPrefix(name, pinStoreSeries) && name != sharedPrefixSeries
 		})
 	})
 }
@@ -159,10 +160,14 @@ func TestExportedMetrics(t *testing.T) {
 // pinStoreSeries starts the names of the shared pin store's series.
 const pinStoreSeries = "caddy_warden_pin_store_"
 
-// loadControlSeries reports whether a series is exported only with load
-// control on.
+// sharedPrefixSeries is exported once a reply reported the prefix new
+// conversations share.
+const sharedPrefixSeries = "caddy_warden_load_control_shared_prefix_tokens"
+
+// loadControlSeries reports whether a series is exported with load control
+// on, the shared prefix's aside.
 func loadControlSeries(name string) bool {
-	return strings.HasPrefix(name, "caddy_warden_load_control_") ||
+	return strings.HasPrefix(name, "caddy_warden_load_control_") && name != sharedPrefixSeries ||
 		name == "caddy_warden_residents" || name == "caddy_warden_resident_tokens"
 }
 

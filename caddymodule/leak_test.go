@@ -134,7 +134,7 @@ func inProcessConfig(site string, backends []*fakeVLLM, spill int, redisAddr str
 		pinStore = fmt.Sprintf(`, "pin_store": {"redis": {"address": %q}}`, redisAddr)
 	}
 	if loadControl {
-		pinStore += `, "load_control": {"enabled": true, "capacity_tokens": 1, "fill": 1, "max_wait": "200ms", "max_queue": 1}`
+		pinStore += `, "load_control": {"enabled": true, "capacity_tokens": 1, "fill": 1, "min_residents": 1, "max_wait": "200ms", "max_queue": 1}`
 	}
 	var replicas, upstreams []string
 	for _, b := range backends {

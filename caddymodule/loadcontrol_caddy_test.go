@@ -16,14 +16,14 @@ import (
 )
 
 // Load control through a real Caddy in front of one fake vLLM whose cache
-// load control counts as 1 token: a replica with nothing resident takes any
-// one conversation, so while conversation "resident" runs or lingers, a
-// turn of any other conversation must wait.
+// load control counts as 1 token, with min_residents 1: a replica with
+// nothing resident takes any one conversation, so while conversation
+// "resident" runs or lingers, a turn of any other conversation must wait.
 
 // loadControlBlock is the model block of these tests with the given
 // load_control options.
 func loadControlBlock(options string) string {
-	return "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1\n\t\t\t\tfill 1\n\t\t\t\t" + options + "\n\t\t\t}"
+	return "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1\n\t\t\t\tfill 1\n\t\t\t\tmin_residents 1\n\t\t\t\t" + options + "\n\t\t\t}"
 }
 
 // holdTurn keeps a turn of conv in flight (its conversation resident) until

@@ -24,8 +24,10 @@ type LoadControlConfig struct {
 	// `PATCH /config/apps/warden/models/<m>/load_control/enabled` finds it.
 	Enabled bool `json:"enabled"`
 	// Fill is the share of each replica's KV capacity that resident
-	// conversations' prompts may hold (default 1.3: prompts are estimated
-	// from their size, and conversations share their system prompt).
+	// conversations' prompts may hold, the prefix they share counted once
+	// (default 0.95; prompts are estimated from their size until the
+	// replies report it, and the shared prefix is learned from the cached
+	// part the replies report).
 	Fill float64 `json:"fill,omitempty"`
 	// Linger is how long a conversation stays resident after its turn, so
 	// that its next turn finds its cache (default 6s).
@@ -47,6 +49,10 @@ type LoadControlConfig struct {
 	// launched together do not grow together past its cache (default 0:
 	// off).
 	Stagger caddy.Duration `json:"stagger,omitempty"`
+	// MinResidents is how many conversations a replica takes however large
+	// they are (default 2: holding one, a replica idles through its tool
+	// pauses).
+	MinResidents int `json:"min_residents,omitempty"`
 }
 
 // admission is the routing core's form of c; nil is off.
@@ -63,6 +69,7 @@ func (c *LoadControlConfig) admission() selection.AdmissionConfig {
 		MaxQueue:       c.MaxQueue,
 		Quantum:        c.Quantum,
 		Stagger:        time.Duration(c.Stagger),
+		MinResidents:   c.MinResidents,
 	}
 }
 
@@ -79,6 +86,8 @@ func (c *LoadControlConfig) validate() error {
 		return errors.New("load_control: stagger must not be negative (0 is off)")
 	case c.MaxQueue < 0:
 		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
+	case c.MinResidents < 0:
+		return fmt.Errorf("load_control: min_residents must be positive (0 for the default, %d)", selection.DefaultAdmissionMinResidents)
 	case c.CapacityTokens < 0:
 		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
 	case c.Quantum < -1:
@@ -109,6 +118,8 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 			c.MaxWait, err = duration(d)
 		case "max_queue":
 			c.MaxQueue, err = positiveInt(d)
+		case "min_residents":
+			c.MinResidents, err = positiveInt(d)
 		case "capacity_tokens":
 			c.CapacityTokens, err = capacityTokens(d)
 		case "quantum":
@@ -119,7 +130,7 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 				c.Stagger = *v
 			}
 		default:
-			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum or stagger", opt)
+			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum, stagger or min_residents", opt)
 		}
 		if err != nil {
 			return nil, err

@@ -30,17 +30,19 @@ func TestLoadControlStatus(t *testing.T) {
 		{name: "lc-off", want: LoadControlStatus{
 			Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
-			Quantum: selection.DefaultAdmissionQuantum, Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
+			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
+			Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}, capacity: 40000},
 		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
-			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1},
-			want: LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1,
+			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3},
+			want: LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
 				Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
 		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: LoadControlStatus{
 			Enabled: true, Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
-			Quantum: selection.DefaultAdmissionQuantum, Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
+			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
+			Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -67,13 +69,14 @@ func TestLoadControlStatus(t *testing.T) {
 }
 
 // loadControlFixture is one replica whose cache holds one conversation
-// (capacity 1 token: a replica with nothing resident takes any one), with
+// (capacity 1 token, min_residents 1: a replica with nothing resident takes
+// any one), with
 // the given queue bound and max wait.
 func loadControlFixture(t *testing.T, maxQueue int, maxWait time.Duration) *selectFixture {
 	t.Helper()
 	return newSelectFixture(t, &ModelConfig{
 		Replicas: []ReplicaConfig{{Address: addrA}},
-		LoadControl: &LoadControlConfig{Enabled: true, CapacityTokens: 1, Fill: 1,
+		LoadControl: &LoadControlConfig{Enabled: true, CapacityTokens: 1, Fill: 1, MinResidents: 1,
 			Linger: caddy.Duration(time.Second), MaxWait: caddy.Duration(maxWait), MaxQueue: maxQueue},
 	}, nil)
 }

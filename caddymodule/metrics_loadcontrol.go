@@ -9,7 +9,8 @@ var (
 	descLoadControlWaiting = desc("load_control_waiting", "Turns held by load control now.", "model")
 	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited), task_ended (its reply ended the agent's task, read by warden_stop_reason: its conversation left at once).", "model", "result")
 	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
-	descResidentTokens     = desc("resident_tokens", "Prompt tokens of the conversations resident on the replica: their last reply's count when warden_stop_reason read it, else their body bytes / the learned bytes per token.", replicaLabels...)
+	descResidentTokens     = desc("resident_tokens", "Prompt tokens of the conversations resident on the replica, the prefix they share counted once: their last reply's count when warden_stop_reason read it, else their body bytes / the learned bytes per token.", replicaLabels...)
+	descSharedPrefix       = desc("load_control_shared_prefix_tokens", "The prefix new conversations find cached beside others (their system prompt and tools), learned from the cached part of their first reply (vLLM's --enable-prompt-tokens-details, read by warden_stop_reason); a replica holds it once for all its residents. No sample until a reply reported it.", "model")
 	descReplyTokens        = desc("load_control_reply_tokens_total", "Prompt tokens the replies of admitted turns reported (read by warden_stop_reason), by turn (resident: its conversation was resident when it arrived; non_resident: the others) and part (prompt: all; cached: found in the prefix cache, reported by vLLM with --enable-prompt-tokens-details).", "model", "turn", "part")
 	descLoadControlAside   = desc("load_control_stepped_aside", "1 while load control steps aside, admitting every turn at once, because most idle residents' residency expired before their conversation came back (set once late_share in the admin API is over 0.5, cleared once it is below 0.35); else 0.", "model")
 	descBytesPerToken      = desc("load_control_bytes_per_token", "Request body bytes per prompt token, learned from the replies' prompt sizes; load control sizes turns by it (4 before any reply).", "model")
@@ -27,7 +28,7 @@ var (
 )
 
 func describeLoadControl(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descResidents, descResidentTokens, descKVCapacity} {
+	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descSharedPrefix, descResidents, descResidentTokens, descKVCapacity} {
 		ch <- d
 	}
 	loadControlWaitSeconds.Describe(ch)
@@ -50,6 +51,9 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadC
 		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.CachedTokens), model, turn, "cached")
 	}
 	ch <- prometheus.MustNewConstMetric(descBytesPerToken, prometheus.GaugeValue, lc.Replies.BytesPerToken, model)
+	if lc.SharedPrefixTokens != nil {
+		ch <- prometheus.MustNewConstMetric(descSharedPrefix, prometheus.GaugeValue, float64(*lc.SharedPrefixTokens), model)
+	}
 }
 
 func collectLoadControlReplica(ch chan<- prometheus.Metric, model string, r ReplicaStatus, on bool) {

@@ -67,6 +67,8 @@ type LoadControlStatus struct {
 	// StaggerSeconds is how long a replica filling from empty waits
 	// between two new conversations; 0 is off.
 	StaggerSeconds float64 `json:"stagger_s"`
+	// MinResidents is how many conversations a replica takes however large.
+	MinResidents int `json:"min_residents"`
 	// Waiting is the number of turns held now.
 	Waiting int `json:"waiting"`
 	// LateShare is the share of idle residents whose residency expired
@@ -76,6 +78,11 @@ type LoadControlStatus struct {
 	// since residency keeps no cache across such pauses.
 	LateShare    float64 `json:"late_share"`
 	SteppedAside bool    `json:"stepped_aside"`
+	// SharedPrefixTokens is the prefix new conversations find cached beside
+	// others (their system prompt and tools), which a replica holds once
+	// for all its residents; nil (JSON null) until a reply reported its
+	// cached part (selection/sharedprefix.go).
+	SharedPrefixTokens *int `json:"shared_prefix_tokens"`
 	// Admitted counts turns admitted, at once or after waiting (forced
 	// included); Queued those that had to wait; Forced those sent over
 	// capacity after max_wait; Refused those answered 503 by a full queue;
@@ -184,7 +191,8 @@ type ReplicaStatus struct {
 	Sessions       int64    `json:"sessions"`
 	ActiveSessions int64    `json:"active_sessions"`
 	// Residents are the conversations load control holds resident here,
-	// ResidentTokens their prompts' estimated size (0 when it is off).
+	// ResidentTokens their prompts' size, the shared prefix counted once
+	// (0 when it is off).
 	Residents      int `json:"residents"`
 	ResidentTokens int `json:"resident_tokens"`
 	// NextNewcomer is when the replica, filling from empty, may take its
@@ -241,24 +249,26 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		Replicas:            make([]ReplicaStatus, 0, len(st.Replicas)),
 		PinSnapshot:         l.model.pinStatus(l),
 		LoadControl: LoadControlStatus{
-			Enabled:        st.Admission.Enabled,
-			Fill:           admission.Fill,
-			LingerSeconds:  admission.Linger.Seconds(),
-			MaxWaitSeconds: admission.MaxWait.Seconds(),
-			MaxQueue:       admission.MaxQueue,
-			CapacityTokens: admission.CapacityTokens,
-			Quantum:        admission.Quantum,
-			StaggerSeconds: admission.Stagger.Seconds(),
-			Waiting:        st.Admission.Waiting,
-			LateShare:      st.Admission.LateShare,
-			SteppedAside:   st.Admission.SteppedAside,
-			Admitted:       st.Admission.Admitted,
-			Queued:         st.Admission.Queued,
-			Forced:         st.Admission.Forced,
-			Refused:        st.Admission.Refused,
-			Cancelled:      st.Admission.Cancelled,
-			TaskEnded:      st.Admission.TaskEnded,
-			Replies:        replyUsageStatus(st.Admission),
+			Enabled:            st.Admission.Enabled,
+			Fill:               admission.Fill,
+			LingerSeconds:      admission.Linger.Seconds(),
+			MaxWaitSeconds:     admission.MaxWait.Seconds(),
+			MaxQueue:           admission.MaxQueue,
+			CapacityTokens:     admission.CapacityTokens,
+			Quantum:            admission.Quantum,
+			StaggerSeconds:     admission.Stagger.Seconds(),
+			MinResidents:       admission.MinResidents,
+			Waiting:            st.Admission.Waiting,
+			LateShare:          st.Admission.LateShare,
+			SteppedAside:       st.Admission.SteppedAside,
+			SharedPrefixTokens: sharedPrefixTokens(st.Admission),
+			Admitted:           st.Admission.Admitted,
+			Queued:             st.Admission.Queued,
+			Forced:             st.Admission.Forced,
+			Refused:            st.Admission.Refused,
+			Cancelled:          st.Admission.Cancelled,
+			TaskEnded:          st.Admission.TaskEnded,
+			Replies:            replyUsageStatus(st.Admission),
 		},
 	}
 	if l.store != nil {
@@ -345,4 +355,12 @@ func known(v float64, ok bool) *float64 {
 		return nil
 	}
 	return &v
+}
+
+// sharedPrefixTokens is a's shared prefix, nil until a reply reported it.
+func sharedPrefixTokens(a selection.AdmissionStatus) *int {
+	if !a.SharedPrefixKnown {
+		return nil
+	}
+	return &a.SharedPrefix
 }

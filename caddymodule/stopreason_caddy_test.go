@@ -39,6 +39,18 @@ func startSim(t *testing.T) string {
 	return addr
 }
 
+// readingFleet is Caddy in front of one simulator, with load control on
+// (residents linger a minute) and warden_stop_reason reading the replies.
+func readingFleet(t *testing.T) *fleet {
+	t.Helper()
+	sim := startSim(t)
+	f, _ := runCaddy(t, caddySetup{
+		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
+		siteDirectives: "warden_stop_reason",
+	}, sim)
+	return f
+}
+
 // reply sends a turn of conv through Caddy and reads its reply to the end.
 func reply(t *testing.T, f *fleet, path, conv, body string) string {
 	t.Helper()
@@ -129,11 +141,7 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 // token, and a conversation's second turn, resident, finds its prompt
 // cached while the first turns found nothing.
 func TestRepliesUsageThroughCaddy(t *testing.T) {
-	sim := startSim(t)
-	f, _ := runCaddy(t, caddySetup{
-		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
-		siteDirectives: "warden_stop_reason",
-	}, sim)
+	f := readingFleet(t)
 	// A distinct long message per API, so that only a conversation's own
 	// first turn is cached at its second; every reply calls a tool, so that
 	// no task ends and each conversation stays resident.

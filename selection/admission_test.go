@@ -6,11 +6,12 @@ import (
 	"time"
 )
 
-// admissionRouter has two replicas whose caches each hold 100 tokens at
-// the default fill, and a conversation lingers 10s after its turn.
+// admissionRouter has two replicas whose caches each hold 100 tokens, a
+// replica takes a second conversation only if it fits, and a conversation
+// lingers 10s after its turn.
 func admissionRouter(maxQueue int) testRouter {
 	return newTestRouter(2, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: 10 * time.Second, MaxQueue: maxQueue,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: 10 * time.Second, MaxQueue: maxQueue,
 	}})
 }
 
@@ -156,7 +157,7 @@ func TestAdmissionOffAdmitsEverything(t *testing.T) {
 
 func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 2,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: 2,
 	}})
 	turn := func(key string) *Ticket { return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil) }
 	turn("a").Done(t0) // a's first turn: it lingers, nobody waits
@@ -176,7 +177,7 @@ func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 // any linger.
 func TestAdmissionTaskEndedLeavesAtOnce(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: 5,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: 5,
 	}})
 	turn := func(key string) *Ticket { return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil) }
 	a := turn("a")
@@ -220,7 +221,7 @@ func BenchmarkAdmitAmongManyResidents(b *testing.B) {
 // denser than the assumed 4 bytes per token does not overfill the caches.
 func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
 	a := r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil) // 75 tokens at 4 bytes per token
 	mustState(t, a, Admitted)
@@ -252,7 +253,7 @@ func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
 // replica past its share for as long as its conversation stays resident.
 func TestAdmissionSizesAQueuedTurnWhenAdmitted(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
 	a := r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
 	mustState(t, a, Admitted)
@@ -288,7 +289,7 @@ func TestEstimateTokensOfAnUnknownSize(t *testing.T) {
 // sized at the learned bytes per token.
 func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute, Quantum: -1,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
 	a := r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
 	b := r.Admit(HashKey("b"), Body{Bytes: 160}, nil, t0, nil) // 40

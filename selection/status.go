@@ -53,7 +53,8 @@ type ReplicaStatus struct {
 	// (chains.go); both 0 when the events are not followed.
 	ChainsFound, ChainsMissed uint64
 	// Residents and ResidentTokens are the conversations load control holds
-	// resident here and their prompts' estimated tokens.
+	// resident here and their prompts' tokens, the shared prefix counted
+	// once (sharedprefix.go).
 	Residents      int
 	ResidentTokens int
 	// NextNewcomer is when the replica, filling from empty, may take its

@@ -16,10 +16,9 @@ const (
 	// in overload (docs/policy.md#load-control).
 	PolicyAdmissionGentle = "warden-admission-gentle"
 	// PolicyAdmissionFarm keeps a conversation resident for its whole task
-	// (no quantum), about four of the seed's conversations per replica (fill
-	// 1.3), and staggers the starts of a replica's first residents by 15 s:
-	// for headless agent farms, where the time a conversation takes matters
-	// more than how long its first turn waits.
+	// (no quantum) and staggers the starts of a replica's first residents
+	// by 15 s: for headless agent farms, where the time a conversation
+	// takes matters more than how long its first turn waits.
 	PolicyAdmissionFarm = "warden-admission-farm"
 )
 
@@ -27,7 +26,7 @@ const (
 const FarmStagger = 15 * time.Second
 
 // farmAdmission is PolicyAdmissionFarm's setting.
-var farmAdmission = selection.AdmissionConfig{Fill: 1.3, Quantum: -1, Stagger: FarmStagger}
+var farmAdmission = selection.AdmissionConfig{Quantum: -1, Stagger: FarmStagger}
 
 // gentleAdmission is PolicyAdmissionGentle's setting.
 var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}

@@ -1,0 +1,56 @@
+package caddymodule_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/internal/testrun"
+)
+
+// Conversations that start with one system prompt share it in the
+// simulator's prefix cache, and load control learns so through Caddy from
+// the cached part of a new conversation's first reply (warden_stop_reason):
+// the admin JSON and the metric give the shared prefix, and the replica's
+// residents count it once.
+func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
+	f := readingFleet(t)
+	// 8,000 bytes of system prompt: 2,000 of the simulator's tokens. Every
+	// reply calls a tool, so that no task ends and both stay resident.
+	system := strings.Repeat("You are a careful agent. ", 320)
+	body := func(task string) string {
+		return `{"model":"m","max_tokens":8,"stream":true,"system":"` + system + `",` +
+			`"tools":[{"name":"Bash","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],` +
+			`"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"` + strings.Repeat(task+" ", 300) + `"}]}`
+	}
+	reply(t, f, "/v1/messages", "first", body("alpha"))
+	if st := f.status(t); st.LoadControl.SharedPrefixTokens != nil {
+		t.Fatalf("shared prefix %d after a first turn alone on its replica, want null", *st.LoadControl.SharedPrefixTokens)
+	}
+	reply(t, f, "/v1/messages", "second", body("bravo"))
+
+	var shared int
+	testrun.Eventually(t, 2*time.Second, "load_control.shared_prefix_tokens set", func() bool {
+		p := f.status(t).LoadControl.SharedPrefixTokens
+		if p != nil {
+			shared = *p
+		}
+		return p != nil
+	})
+	// The cache holds whole blocks of 16 tokens: the system prompt's, less
+	// the block its end shares with the user's message.
+	if shared < 2000-32 || shared > 2000+32 {
+		t.Errorf("shared prefix %d tokens, want about 2,000 (the system prompt)", shared)
+	}
+	st := f.status(t)
+	prompts := int(st.LoadControl.Replies.NonResident.PromptTokens)
+	if r := st.Replicas[0]; r.Residents != 2 || r.ResidentTokens != prompts-shared {
+		t.Errorf("%d residents holding %d tokens, want 2 holding %d (their prompts %d, the shared prefix once)",
+			r.Residents, r.ResidentTokens, prompts-shared, prompts)
+	}
+	families := scrapeMetrics(t, f)
+	checkMetricsDocumented(t, families, func(name string) bool { return name == sharedPrefixSeries })
+	if m := families[sharedPrefixSeries].GetMetric(); len(m) != 1 || int(m[0].GetGauge().GetValue()) != shared {
+		t.Errorf("%s %v, want one sample of %d", sharedPrefixSeries, m, shared)
+	}
+}

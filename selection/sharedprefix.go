@@ -1,0 +1,72 @@
+package selection
+
+import "slices"
+
+// The shared prefix. An agent fleet's conversations start with the same
+// system prompt and tools, which a replica's prefix cache holds once however
+// many of them are resident there. Counting every resident's prompt whole
+// overstates what a replica holds by that prefix for each resident but one,
+// and by how much depends on the agent: with the seed workload's 3.5k shared
+// tokens load control needed a fill of 1.3 to keep the four conversations a
+// replica holds; with 15k shared and 2k of its own per conversation, that
+// fill kept two or three where six fit, and load control ran 24-29% below
+// every baseline; with nothing shared, it let in a fourth that did not fit
+// (lab, docs/policy.md#the-shared-prefix).
+//
+// So load control learns the shared prefix from what new conversations find
+// cached: the cached part vLLM reports for a conversation's first turn
+// (--enable-prompt-tokens-details, read by warden_stop_reason), admitted to
+// a replica that already held residents, is the prefix it shares with them.
+// A replica's residents then hold the sum of their prompts less the shared
+// prefix for each but one. Until a reply reports it, nothing counts as
+// shared: every prompt counts whole, and fewer conversations are resident
+// than fit, never more.
+
+// sharedWindow is how many recent first turns the shared prefix is read
+// from: their lower quartile, so that a few outliers move it little either
+// way. A fork of a conversation, new to load control, finds its parent's
+// whole history cached, which other conversations do not share; a first
+// turn beside a resident still in its first prefill finds nothing. Of a
+// fleet of two agents, it is the smaller one's prefix unless the other's
+// conversations are more than three in four: overcounting the sharing
+// would overfill the caches, undercounting only keeps fewer resident.
+const sharedWindow = 16
+
+// sharedPrefix is the tokens new conversations find cached, read from the
+// last sharedWindow first turns (g.mu held for both methods).
+type sharedPrefix struct {
+	recent [sharedWindow]int
+	n      int // first turns observed
+	tokens int // the lower quartile of recent
+}
+
+// observe adds a first turn that found cached tokens of its prompt.
+func (p *sharedPrefix) observe(cached int) {
+	p.recent[p.n%sharedWindow] = cached
+	p.n++
+	sorted := slices.Clone(p.recent[:min(p.n, sharedWindow)])
+	slices.Sort(sorted)
+	p.tokens = sorted[len(sorted)/4]
+}
+
+// value is the shared prefix in tokens, 0 until a first turn reported it.
+func (p *sharedPrefix) value() int { return p.tokens }
+
+// known reports whether a first turn reported it.
+func (p *sharedPrefix) known() bool { return p.n > 0 }
+
+// distinct is what a replica holding h holds with a prompt of tokens more
+// (0: none): the prompts less the shared prefix for each but one. The
+// prefix counted is at most the mean prompt, so that conversations smaller
+// than it (sub-agents with their own system prompt) do not make a replica
+// look emptier than its largest prompt.
+func (g *gate) distinct(h residency, tokens int) int {
+	n, sum := h.count, h.tokens+tokens
+	if tokens > 0 {
+		n++
+	}
+	if n <= 1 {
+		return sum
+	}
+	return sum - (n-1)*min(g.shared.value(), sum/n)
+}
