@@ -81,10 +81,11 @@ func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
 // The shared prefix is the lower quartile of the recent first turns: a
 // fork that finds its parent's whole history cached, or a first turn that
 // found nothing, moves it little; a new agent version's prompt takes over
-// once most first turns carry it.
+// once most first turns carry it; of two agents, the smaller prefix counts
+// unless the other brings more than three first turns in four.
 func TestSharedPrefixIgnoresOutliers(t *testing.T) {
 	var p sharedPrefix
-	for _, cached := range []int{0, 3000, 3000, 3000, 50000, 3000, 3000, 3000} {
+	for _, cached := range []int{0, 3000, 3000, 3000, 3000, 3000, 3000, 50000} {
 		p.observe(cached)
 	}
 	if got := p.value(); got != 3000 {
@@ -95,5 +96,17 @@ func TestSharedPrefixIgnoresOutliers(t *testing.T) {
 	}
 	if got := p.value(); got != 4000 {
 		t.Fatalf("shared prefix %d after 12 first turns of 4,000 in 16, want 4,000", got)
+	}
+	// Two agents, the larger prefix in 11 first turns of 16: the smaller
+	// still counts, since overcounting the sharing would overfill.
+	for i := range 16 {
+		cached := 8000
+		if i < 5 {
+			cached = 2000
+		}
+		p.observe(cached)
+	}
+	if got := p.value(); got != 2000 {
+		t.Fatalf("shared prefix %d among 5 first turns of 2,000 and 11 of 8,000, want 2,000", got)
 	}
 }
