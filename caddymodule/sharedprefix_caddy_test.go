@@ -16,7 +16,7 @@ import (
 func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 	f := readingFleet(t)
 	// 8,000 bytes of system prompt: 2,000 of the simulator's tokens. Every
-	// reply calls a tool, so that no task ends and both stay resident.
+	// reply calls a tool, so that no task ends and all stay resident.
 	system := strings.Repeat("You are a careful agent. ", 320)
 	body := func(task string) string {
 		return `{"model":"m","max_tokens":8,"stream":true,"system":"` + system + `",` +
@@ -27,7 +27,9 @@ func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 	if st := f.status(t); st.LoadControl.SharedPrefixTokens != nil {
 		t.Fatalf("shared prefix %d after a first turn alone on its replica, want null", *st.LoadControl.SharedPrefixTokens)
 	}
-	reply(t, f, "/v1/messages", "second", body("bravo"))
+	for _, task := range []string{"bravo", "charlie", "delta", "echo"} { // load control waits for four
+		reply(t, f, "/v1/messages", task, body(task))
+	}
 
 	var shared int
 	testrun.Eventually(t, 2*time.Second, "load_control.shared_prefix_tokens set", func() bool {
@@ -44,9 +46,9 @@ func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 	}
 	st := f.status(t)
 	prompts := int(st.LoadControl.Replies.NonResident.PromptTokens)
-	if r := st.Replicas[0]; r.Residents != 2 || r.ResidentTokens != prompts-shared {
-		t.Errorf("%d residents holding %d tokens, want 2 holding %d (their prompts %d, the shared prefix once)",
-			r.Residents, r.ResidentTokens, prompts-shared, prompts)
+	if r := st.Replicas[0]; r.Residents != 5 || r.ResidentTokens != prompts-4*shared {
+		t.Errorf("%d residents holding %d tokens, want 5 holding %d (their prompts %d, the shared prefix once)",
+			r.Residents, r.ResidentTokens, prompts-4*shared, prompts)
 	}
 	families := scrapeMetrics(t, f)
 	checkMetricsDocumented(t, families, func(name string) bool { return name == sharedPrefixSeries })

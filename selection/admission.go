@@ -134,10 +134,11 @@ type Ticket struct {
 	state    TicketState
 	res      *resident // set once admitted
 	resident bool      // its conversation was resident when it arrived
-	// firstBeside: a new conversation's turn, admitted to a replica that
-	// held residents; its reply's cached part is the prefix it shares
-	// with them (sharedprefix.go).
-	firstBeside bool
+	// placedBeside: the turn was placed by load (its conversation new, or
+	// its pin without room) on a replica that held residents, where its
+	// reply's cached part is the prefix it shares with them
+	// (sharedprefix.go).
+	placedBeside bool
 }
 
 // resident is a conversation holding its place in a replica's cache.
@@ -170,15 +171,17 @@ type gate struct {
 	// and of the others, to tell whether residency kept caches.
 	replies, cacheReplies uint64
 	resident, nonResident TokenCounts
-	// lateShare is the share of idle residents whose residency expired
-	// rather than their conversation came back, recent ones weighing
-	// most; aside is set once it is over asideAbove and cleared once it is
-	// below holdAgainBelow (aside.go).
+	// lateShare is the share of idle residents' conversations that came
+	// back after their residency expired rather than within it, recent
+	// ones weighing most; aside is set once it is over asideAbove and
+	// cleared once it is below holdAgainBelow (aside.go).
 	lateShare float64
 	aside     atomic.Bool
-	// expired holds when recently expired residencies ended, to count
-	// their conversations' returns late (aside.go).
-	expired map[uint64]int64
+	// expiries are the residencies that expired recently, oldest first,
+	// and expired finds a conversation's, to count its return late
+	// (aside.go).
+	expiries list.List
+	expired  map[uint64]*list.Element
 	// shared is the prefix new conversations find cached, which a replica
 	// holds once for all its residents (sharedprefix.go).
 	shared sharedPrefix
@@ -189,7 +192,7 @@ type TokenCounts struct{ Prompt, Cached uint64 }
 
 func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
-		staggering: map[*replicaState]staggering{}, expired: map[uint64]int64{}}
+		staggering: map[*replicaState]staggering{}, expired: map[uint64]*list.Element{}}
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -313,7 +316,9 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 			t.view.router.learnTokenSize(t.body.Bytes, reply.PromptTokens)
 		}
 		g.countReply(t.resident, reply)
-		if t.firstBeside && reply.CacheReported && reply.CachedTokens > 0 {
+		// vLLM leaves the cached part out when it is 0: once it has
+		// reported one, a reply without it found nothing cached.
+		if t.placedBeside && (reply.CacheReported || g.cacheReplies > 0) {
 			g.shared.observe(min(reply.CachedTokens, reply.PromptTokens))
 		}
 		if t.res.running == 0 {
@@ -553,7 +558,7 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	if s == nil {
 		return false
 	}
-	t.firstBeside = pin == nil && r.gate.held[s].count > 0
+	t.placedBeside = r.gate.held[s].count > 0
 	r.gate.tookNewcomer(s, now)
 	r.gate.admit(t, s)
 	r.settle(t.key, s, now)
@@ -571,14 +576,19 @@ func (r *Router) settle(key uint64, s *replicaState, now int64) {
 	}
 }
 
-// hasRoom reports whether a prompt of tokens more fits in s's share of
-// cache, the shared prefix counted once; a replica holding fewer than
-// MinResidents takes any conversation, however long, and every replica
-// takes any while load control steps aside.
+// hasRoom reports whether a prompt of tokens more (0: none, whether what s
+// holds fits) fits in s's share of cache, the shared prefix counted once;
+// a replica that would hold at most MinResidents takes any conversation,
+// however long, and every replica takes any while load control steps
+// aside.
 func (v *View) hasRoom(s *replicaState, tokens int) bool {
 	g := v.router.gate
 	held := g.held[s]
-	if held.count < v.cfg.Admission.MinResidents || g.aside.Load() {
+	n := held.count
+	if tokens > 0 {
+		n++
+	}
+	if n <= v.cfg.Admission.MinResidents || g.aside.Load() {
 		return true
 	}
 	capacity := v.cfg.Admission.CapacityTokens

@@ -1,6 +1,9 @@
 package selection
 
-import "time"
+import (
+	"container/list"
+	"time"
+)
 
 // Stepping aside. Load control pays when a conversation comes back within
 // Linger of its turn's end: its residency kept its cache for that turn.
@@ -36,8 +39,8 @@ const (
 	holdAgainBelow = 0.35
 )
 
-// noteReturn records that an idle resident came back in time (late false)
-// or that its residency expired (g.mu held).
+// noteReturn records that an idle resident's conversation came back in
+// time (late false) or after its residency expired (g.mu held).
 func (g *gate) noteReturn(late bool) {
 	x := 0.0
 	if late {
@@ -59,19 +62,31 @@ const expirySeenWithin = 2 * time.Second
 // noteExpiry remembers the expiry of res, due at Linger after its turn
 // ended, if seen in time, so that its conversation's return counts late:
 // an expiry seen long after it was due (load control was off meanwhile)
-// says nothing of when its conversation came back (g.mu held). At most
-// expiriesKept are remembered, any one forgotten to make room.
+// says nothing of when its conversation came back (g.mu held). Expiries
+// are kept in the order they were seen: those past lateReturnWithin are
+// forgotten, and the oldest once expiriesKept are kept.
 func (g *gate) noteExpiry(res *resident, now, linger int64) {
 	if now-res.idleSince >= linger+int64(expirySeenWithin) {
 		return
 	}
-	if len(g.expired) >= expiriesKept {
-		for key := range g.expired {
-			delete(g.expired, key)
-			break
-		}
+	for e := g.expiries.Front(); e != nil && (now-e.Value.(expiry).at > int64(lateReturnWithin) || g.expiries.Len() >= expiriesKept); e = g.expiries.Front() {
+		g.forgetExpiry(e)
 	}
-	g.expired[res.key] = now
+	if e := g.expired[res.key]; e != nil {
+		g.forgetExpiry(e)
+	}
+	g.expired[res.key] = g.expiries.PushBack(expiry{res.key, now})
+}
+
+// expiry is a residency's end, remembered until its conversation returns.
+type expiry struct {
+	key uint64
+	at  int64
+}
+
+func (g *gate) forgetExpiry(e *list.Element) {
+	delete(g.expired, e.Value.(expiry).key)
+	g.expiries.Remove(e)
 }
 
 const (
@@ -87,12 +102,12 @@ const (
 // noteLateReturn counts the return of key, not resident, as late if its
 // residency expired recently (g.mu held).
 func (g *gate) noteLateReturn(key uint64, now int64) {
-	at, ok := g.expired[key]
-	if !ok {
+	e := g.expired[key]
+	if e == nil {
 		return
 	}
-	delete(g.expired, key)
-	if now-at <= int64(lateReturnWithin) {
+	g.forgetExpiry(e)
+	if now-e.Value.(expiry).at <= int64(lateReturnWithin) {
 		g.noteReturn(true)
 	}
 }

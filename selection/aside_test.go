@@ -115,6 +115,25 @@ func TestAdmissionIgnoresExpiriesSeenLate(t *testing.T) {
 	}
 }
 
+// A late return counts once: the conversation's next return, after its
+// task ended, is neither in time nor late.
+func TestAdmissionLateReturnCountsOnce(t *testing.T) {
+	r := newAsideRouter(AdmissionConfig{})
+	r.admit("a", 40).Done(r.now)
+	r.now = r.now.Add(11 * time.Second)
+	r.Sweep(r.now)
+	r.admit("a", 40).End(r.now, Reply{PromptTokens: 40, TaskEnded: true})
+	late := r.lc().LateShare
+	if late == 0 {
+		t.Fatal("a return after the residency expired did not count late")
+	}
+	r.now = r.now.Add(time.Second)
+	r.admit("a", 40).Done(r.now)
+	if got := r.lc().LateShare; got != late {
+		t.Errorf("late share %.3f after a return following a task end, want %.3f", got, late)
+	}
+}
+
 // Conversations that stop (a batch of agents ends) leave residencies that
 // expire and never come back: they say nothing of pauses, and load control
 // keeps holding turns for the next batch. A return long after the expiry

@@ -18,22 +18,26 @@ import "slices"
 // (--enable-prompt-tokens-details, read by warden_stop_reason), admitted to
 // a replica that already held residents, is the prefix it shares with them.
 // A replica's residents then hold the sum of their prompts less the shared
-// prefix for each but one. Until a reply reports it, nothing counts as
-// shared: every prompt counts whole, and fewer conversations are resident
-// than fit, never more.
+// prefix for each but one. Until enough replies report it, nothing counts
+// as shared: every prompt counts whole, and fewer conversations are
+// resident than fit, never more.
 
 // sharedWindow is how many recent first turns the shared prefix is read
-// from: their lower quartile, so that a few outliers move it little either
-// way. A fork of a conversation, new to load control, finds its parent's
-// whole history cached, which other conversations do not share; a first
-// turn beside a resident still in its first prefill finds nothing. Of a
-// fleet of two agents, it is the smaller one's prefix unless the other's
-// conversations are more than three in four: overcounting the sharing
-// would overfill the caches, undercounting only keeps fewer resident.
-const sharedWindow = 16
+// from, and sharedAfter how many it waits for: their lower quartile, so
+// that a few unusual first turns move it little either way. A fork of a
+// conversation, new to load control, finds its parent's whole history
+// cached, which other conversations do not share; a first turn beside a
+// resident still in its first prefill finds nothing. Of a fleet of two
+// agents, it is the smaller one's prefix while that agent brings at least
+// one first turn in four: overcounting the sharing would overfill the
+// caches, undercounting only keeps fewer resident.
+const (
+	sharedWindow = 16
+	sharedAfter  = 4
+)
 
 // sharedPrefix is the tokens new conversations find cached, read from the
-// last sharedWindow first turns (g.mu held for both methods).
+// last sharedWindow first turns (g.mu held for its methods).
 type sharedPrefix struct {
 	recent [sharedWindow]int
 	n      int // first turns observed
@@ -46,20 +50,25 @@ func (p *sharedPrefix) observe(cached int) {
 	p.n++
 	sorted := slices.Clone(p.recent[:min(p.n, sharedWindow)])
 	slices.Sort(sorted)
-	p.tokens = sorted[len(sorted)/4]
+	p.tokens = sorted[(len(sorted)-1)/4]
 }
 
-// value is the shared prefix in tokens, 0 until a first turn reported it.
-func (p *sharedPrefix) value() int { return p.tokens }
+// known reports whether enough first turns were observed.
+func (p *sharedPrefix) known() bool { return p.n >= sharedAfter }
 
-// known reports whether a first turn reported it.
-func (p *sharedPrefix) known() bool { return p.n > 0 }
+// value is the shared prefix in tokens, 0 until known.
+func (p *sharedPrefix) value() int {
+	if !p.known() {
+		return 0
+	}
+	return p.tokens
+}
 
 // distinct is what a replica holding h holds with a prompt of tokens more
-// (0: none): the prompts less the shared prefix for each but one. The
-// prefix counted is at most the mean prompt, so that conversations smaller
-// than it (sub-agents with their own system prompt) do not make a replica
-// look emptier than its largest prompt.
+// (0: none): the prompts less the shared prefix for each but one, and never
+// less than the new prompt or a mean one, so that conversations that share
+// less than the prefix (another agent's, a sub-agent with its own system
+// prompt) cannot make a replica look all but empty.
 func (g *gate) distinct(h residency, tokens int) int {
 	n, sum := h.count, h.tokens+tokens
 	if tokens > 0 {
@@ -68,5 +77,5 @@ func (g *gate) distinct(h residency, tokens int) int {
 	if n <= 1 {
 		return sum
 	}
-	return sum - (n-1)*min(g.shared.value(), sum/n)
+	return max(sum-(n-1)*g.shared.value(), tokens, sum/n)
 }

@@ -1,62 +1,103 @@
 package selection
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
 
-// A replica holds the prefix its residents share once: load control learns
-// it from what a new conversation's first turn, admitted beside residents,
-// found cached, and then admits a conversation that fits only so counted.
-// Turns that say nothing of the sharing teach nothing: a first turn on an
-// empty replica, a resident's later turn (which finds its own history
-// cached).
-func TestSharedPrefixIsCountedOnceOnceLearned(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 150, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
+// sharedRouter is one replica whose cache holds capacity tokens; a replica
+// takes a second conversation only if it fits, and residents stay.
+func sharedRouter(capacity int) testRouter {
+	return newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: capacity, Fill: 1, MinResidents: 1, Linger: time.Hour, Quantum: -1,
 	}})
-	admit := func(key string) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
-	}
-	shared := func() (int, bool) {
-		st := r.Status().Admission
-		return st.SharedPrefix, st.SharedPrefixKnown
-	}
+}
 
-	a := admit("a")
-	mustState(t, a, Admitted)
-	a.End(t0, Reply{PromptTokens: 60, CacheReported: true}) // alone: nothing to share with
-	if n, known := shared(); known {
-		t.Fatalf("learned a shared prefix of %d from a first turn on an empty replica", n)
-	}
-	b := admit("b")
-	mustState(t, b, Admitted)
-	b.End(t0, Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
-	if n, known := shared(); !known || n != 50 {
-		t.Fatalf("shared prefix %d (known %v) after b found 50 tokens cached beside a, want 50", n, known)
-	}
-	admit("a").End(t0, Reply{PromptTokens: 60, CachedTokens: 60, CacheReported: true})
-	if n, _ := shared(); n != 50 {
-		t.Fatalf("shared prefix %d after a resident's turn found its own history cached, want 50", n)
-	}
+// endTurn admits a 60-token turn of key and ends it with its reply.
+func endTurn(t *testing.T, r testRouter, key string, reply Reply) {
+	t.Helper()
+	tk := r.Admit(HashKey(key), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
+	mustState(t, tk, Admitted)
+	tk.End(t0, reply)
+}
 
-	// 3 × 60 tokens counted whole overfill 150; with 50 shared they hold 80.
-	c := admit("c")
-	mustState(t, c, Admitted)
-	if got := r.Status().Replicas[0]; got.Residents != 3 || got.ResidentTokens != 80 {
-		t.Fatalf("%d residents holding %d tokens, want 3 holding 80 (60 + 2 × 10)", got.Residents, got.ResidentTokens)
+func learnedPrefix(r testRouter) (int, bool) {
+	st := r.Status().Admission
+	return st.SharedPrefix, st.SharedPrefixKnown
+}
+
+// Load control learns the shared prefix from what new conversations' first
+// turns, admitted beside residents, found cached, once four did. Turns that
+// say nothing of the sharing teach nothing: a first turn alone on its
+// replica (which may find an earlier run's history), a resident's later
+// turn, and a pinned conversation's return (which finds its own history).
+func TestSharedPrefixLearnedFromFirstTurnsBesideResidents(t *testing.T) {
+	r := sharedRouter(10000)
+	endTurn(t, r, "alone", Reply{PromptTokens: 60, CachedTokens: 55, CacheReported: true})
+	endTurn(t, r, "ended", Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true, TaskEnded: true})
+	endTurn(t, r, "ended", Reply{PromptTokens: 60, CachedTokens: 58, CacheReported: true}) // pinned, back
+	for i := range 3 {
+		if n, known := learnedPrefix(r); known {
+			t.Fatalf("shared prefix %d known after %d first turns beside residents, want unknown before 4", n, i+1)
+		}
+		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
+	}
+	endTurn(t, r, "c0", Reply{PromptTokens: 60, CachedTokens: 60, CacheReported: true}) // resident
+	if n, known := learnedPrefix(r); !known || n != 50 {
+		t.Fatalf("shared prefix %d (known %v), want 50", n, known)
+	}
+}
+
+// A replica holds the shared prefix once: its residents' prompts less the
+// prefix for each but one, never less than the new prompt or a mean one.
+// Once learned, a conversation is admitted that fits only so counted.
+func TestSharedPrefixIsCountedOnce(t *testing.T) {
+	r := sharedRouter(10000)
+	endTurn(t, r, "first", Reply{PromptTokens: 60})
+	for i := range 4 {
+		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
+	}
+	if got := r.Status().Replicas[0].ResidentTokens; got != 100 {
+		t.Fatalf("5 residents of 60 with 50 shared hold %d tokens, want 100", got)
+	}
+	// 6 prompts of 60 hold 110; counted whole, or the new one not counted
+	// among those that share, 360 or 160.
+	tight := r.cfg
+	tight.Admission.CapacityTokens = 150
+	r.reload(tight, servers(1))
+	mustState(t, r.Admit(HashKey("fits"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Admitted)
+	mustState(t, r.Admit(HashKey("too-large"), Body{Bytes: 200 * BytesPerToken}, nil, t0, nil), Waiting)
+
+	g := r.Router.gate
+	if got := g.distinct(residency{count: 3, tokens: 30}, 0); got != 10 {
+		t.Errorf("3 residents of 10 tokens with 50 shared hold %d, want a mean prompt, 10", got)
+	}
+	if got := g.distinct(residency{count: 3, tokens: 30}, 100); got != 100 {
+		t.Errorf("3 residents of 10 tokens with 50 shared and a prompt of 100 hold %d, want the prompt, 100", got)
+	}
+}
+
+// Once the server has reported a cached part, a first turn whose reply
+// leaves it out found nothing cached (vLLM omits a zero): a fleet that
+// shares nothing is not taken for one that shares what a few forks found.
+func TestSharedPrefixCountsFirstTurnsThatFoundNothing(t *testing.T) {
+	r := sharedRouter(10000)
+	endTurn(t, r, "first", Reply{PromptTokens: 60})
+	endTurn(t, r, "fork", Reply{PromptTokens: 60, CachedTokens: 55, CacheReported: true})
+	for i := range 3 {
+		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60})
+	}
+	if n, known := learnedPrefix(r); !known || n != 0 {
+		t.Fatalf("shared prefix %d (known %v) after a fork and 3 first turns that found nothing, want 0", n, known)
 	}
 }
 
 // Until a reply reports its cached part, every prompt counts whole.
 func TestSharedPrefixUnknownCountsPromptsWhole(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 150, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
-	}})
+	r := sharedRouter(150)
 	for _, key := range []string{"a", "b"} {
-		tk := r.Admit(HashKey(key), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
-		mustState(t, tk, Admitted)
-		tk.End(t0, Reply{PromptTokens: 60}) // no cached part reported
+		endTurn(t, r, key, Reply{PromptTokens: 60}) // no cached part reported
 	}
 	mustState(t, r.Admit(HashKey("c"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Waiting)
 	if st := r.Status(); st.Admission.SharedPrefixKnown || st.Replicas[0].ResidentTokens != 120 {
@@ -64,25 +105,11 @@ func TestSharedPrefixUnknownCountsPromptsWhole(t *testing.T) {
 	}
 }
 
-// By default a replica takes a second conversation however large, so that
-// it does not idle through the tool pauses of its only one; a third must fit.
-func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute,
-	}})
-	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
-	}
-	mustState(t, admit("a", 90), Admitted)
-	mustState(t, admit("b", 90), Admitted)
-	mustState(t, admit("c", 1), Waiting)
-}
-
 // The shared prefix is the lower quartile of the recent first turns: a
 // fork that finds its parent's whole history cached, or a first turn that
 // found nothing, moves it little; a new agent version's prompt takes over
-// once most first turns carry it; of two agents, the smaller prefix counts
-// unless the other brings more than three first turns in four.
+// once three first turns in four carry it; of two agents, the smaller
+// prefix counts while it comes in at least one first turn in four.
 func TestSharedPrefixIgnoresOutliers(t *testing.T) {
 	var p sharedPrefix
 	for _, cached := range []int{0, 3000, 3000, 3000, 3000, 3000, 3000, 50000} {
@@ -97,16 +124,35 @@ func TestSharedPrefixIgnoresOutliers(t *testing.T) {
 	if got := p.value(); got != 4000 {
 		t.Fatalf("shared prefix %d after 12 first turns of 4,000 in 16, want 4,000", got)
 	}
-	// Two agents, the larger prefix in 11 first turns of 16: the smaller
-	// still counts, since overcounting the sharing would overfill.
 	for i := range 16 {
 		cached := 8000
-		if i < 5 {
+		if i < 4 {
 			cached = 2000
 		}
 		p.observe(cached)
 	}
 	if got := p.value(); got != 2000 {
-		t.Fatalf("shared prefix %d among 5 first turns of 2,000 and 11 of 8,000, want 2,000", got)
+		t.Fatalf("shared prefix %d among 4 first turns of 2,000 and 12 of 8,000, want 2,000", got)
 	}
+}
+
+// By default a replica takes a second conversation however large, so that
+// it does not idle through the tool pauses of its only one, and keeps both
+// when their replies show them larger still; a third must fit.
+func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute,
+	}})
+	admit := func(key string, tokens int) *Ticket {
+		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+	}
+	a, b := admit("a", 40), admit("b", 40)
+	mustState(t, a, Admitted)
+	mustState(t, b, Admitted)
+	a.End(t0, Reply{PromptTokens: 90}) // sized on the assumed bytes per token: 90, not 40
+	b.End(t0, Reply{PromptTokens: 90})
+	if got := r.Status().Replicas[0].Residents; got != 2 {
+		t.Fatalf("%d residents after their replies showed 2 × 90 tokens, want both kept", got)
+	}
+	mustState(t, admit("c", 1), Waiting)
 }
