@@ -584,11 +584,7 @@ func (r *Router) settle(key uint64, s *replicaState, now int64) {
 func (v *View) hasRoom(s *replicaState, tokens int) bool {
 	g := v.router.gate
 	held := g.held[s]
-	n := held.count
-	if tokens > 0 {
-		n++
-	}
-	if n <= v.cfg.Admission.MinResidents || g.aside.Load() {
+	if n, _ := held.with(tokens); n <= v.cfg.Admission.MinResidents || g.aside.Load() {
 		return true
 	}
 	capacity := v.cfg.Admission.CapacityTokens

@@ -22,10 +22,11 @@ import (
 // that stop (a farm's batch ends, its runner is killed) leave residencies
 // that expire and never come back, which say nothing of their pauses (lab,
 // --warm: 24 agents after a batch of 16 made load control step aside, and
-// the farm preset let all 24 in). A resident that left otherwise (its reply ended its task, it
-// yielded after its quantum or to an underestimate) neither came back in
-// time nor late, and neither does one whose expiry load control was not
-// there to see (off, then on again after a reload).
+// the farm preset let all 24 in). A resident that left otherwise (its
+// reply ended its task, it yielded after its quantum or to an
+// underestimate) neither came back in time nor late, and neither does one
+// whose expiry load control was not there to see (off, then on again after
+// a reload).
 
 const (
 	// returnWeight is the weight of one return in the late share: about
@@ -69,8 +70,11 @@ func (g *gate) noteExpiry(res *resident, now, linger int64) {
 	if now-res.idleSince >= linger+int64(expirySeenWithin) {
 		return
 	}
-	for e := g.expiries.Front(); e != nil && (now-e.Value.(expiry).at > int64(lateReturnWithin) || g.expiries.Len() >= expiriesKept); e = g.expiries.Front() {
+	for e := g.expiries.Front(); e != nil && now-e.Value.(expiry).at > int64(lateReturnWithin); e = g.expiries.Front() {
 		g.forgetExpiry(e)
+	}
+	if g.expiries.Len() >= expiriesKept {
+		g.forgetExpiry(g.expiries.Front())
 	}
 	if e := g.expired[res.key]; e != nil {
 		g.forgetExpiry(e)

@@ -9,14 +9,15 @@ import "slices"
 // and by how much depends on the agent: with the seed workload's 3.5k shared
 // tokens load control needed a fill of 1.3 to keep the four conversations a
 // replica holds; with 15k shared and 2k of its own per conversation, that
-// fill kept two or three where six fit, and load control ran 24-29% below
-// every baseline; with nothing shared, it let in a fourth that did not fit
-// (lab, docs/policy.md#the-shared-prefix).
+// fill kept two or three where six fit, and load control ran at 0.62-0.87×
+// the best baseline's throughput; with nothing shared, it let in a fourth
+// that did not fit (lab, docs/policy.md#the-shared-prefix).
 //
 // So load control learns the shared prefix from what new conversations find
-// cached: the cached part vLLM reports for a conversation's first turn
-// (--enable-prompt-tokens-details, read by warden_stop_reason), admitted to
-// a replica that already held residents, is the prefix it shares with them.
+// cached: the cached part vLLM reports (--enable-prompt-tokens-details,
+// read by warden_stop_reason) for a turn it placed by load on a replica
+// that already held residents, mostly a conversation's first, is the
+// prefix it shares with them.
 // A replica's residents then hold the sum of their prompts less the shared
 // prefix for each but one. Until enough replies report it, nothing counts
 // as shared: every prompt counts whole, and fewer conversations are
@@ -70,12 +71,18 @@ func (p *sharedPrefix) value() int {
 // less than the prefix (another agent's, a sub-agent with its own system
 // prompt) cannot make a replica look all but empty.
 func (g *gate) distinct(h residency, tokens int) int {
-	n, sum := h.count, h.tokens+tokens
-	if tokens > 0 {
-		n++
-	}
+	n, sum := h.with(tokens)
 	if n <= 1 {
 		return sum
 	}
 	return max(sum-(n-1)*g.shared.value(), tokens, sum/n)
+}
+
+// with is how many conversations, and how many tokens, h holds with a
+// prompt of tokens more (0: none).
+func (h residency) with(tokens int) (count, sum int) {
+	if tokens > 0 {
+		return h.count + 1, h.tokens + tokens
+	}
+	return h.count, h.tokens
 }
