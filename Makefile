@@ -19,7 +19,7 @@ XCADDY_GOPROXY = $$($(GO) env GOPROXY | cut -d, -f1)|off
 WARDEN_MODULES := warden http.reverse_proxy.selection_policies.warden http.reverse_proxy.upstreams.warden admin.api.warden http.handlers.warden_panel http.handlers.warden_stop_reason
 
 # Root module. Unit tests, under the race detector, packages in parallel.
-UNIT_PKGS := . ./selection/... ./fleet/... ./metricsfeed/... ./health/... ./sessionkey/... ./internal/... ./cmd/...
+UNIT_PKGS := . ./selection/... ./fleet/... ./metricsfeed/... ./health/... ./sessionkey/... ./replyend/... ./internal/... ./cmd/...
 # Tests that run servers and processes on loopback ports, close ports and
 # expect them refused, or have timing windows: one package at a time, so
 # that no other package takes a port one of them just freed. Raced
@@ -34,7 +34,7 @@ BENCH_PROCESS_PKGS := ./e2e/... ./faults/... ./cmd/... ./clienttest/...
 # What only the bench may bring into a module graph.
 BENCH_ONLY_MODULES := gonum.org/v1/plot|chromedp|cdproto|hdrhistogram|progressbar
 
-.PHONY: all caddy xcaddy-check demo test vet modcheck bench clean
+.PHONY: all caddy xcaddy-check demo test vet modcheck pkgcheck bench clean
 
 all: caddy
 
@@ -64,10 +64,17 @@ xcaddy-check: $(PINNED_XCADDY)
 demo:
 	$(GO) -C bench run ./cmd/wardenbench demo -out $(CURDIR)/wardenbench-demo
 
-vet: modcheck
+vet: modcheck pkgcheck
 	$(GO) vet ./...
 	$(GO) -C bench vet ./...
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+
+# Every package is in one of the test lists above: one in none would have
+# its tests skipped by make test.
+pkgcheck:
+	@unlisted=$$({ $(GO) list ./...; $(GO) list $(UNIT_PKGS) $(SERVER_PKGS); \
+		$(GO) -C bench list ./...; $(GO) -C bench list $(BENCH_UNIT_PKGS) $(BENCH_SERVER_PKGS) $(BENCH_PROCESS_PKGS); } | sort | uniq -u); \
+	test -z "$$unlisted" || { echo "packages in no test list of the Makefile:"; echo "$$unlisted"; exit 1; }
 
 # Both go.mod files tidy, and the plugin's module graph free of the bench's
 # dependencies.
