@@ -5,11 +5,13 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -37,6 +39,9 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	start := time.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
+	if p.view.WantsPrefix(held.id.Key) {
+		readPrefix(r, &held.body)
+	}
 	t := p.view.Admit(held.id.Key, held.body, usable, start, func() { close(ready) })
 	held.ticket = t
 	if t == nil {
@@ -99,6 +104,32 @@ func requestBody(r *http.Request) selection.Body {
 		return selection.Body{Bytes: int64(b.readAhead), Partial: !b.whole}
 	}
 	return selection.Body{}
+}
+
+// maxPrefixBody bounds the body read for its prefix parts: a larger one
+// (images, documents) is streamed on unread and teaches nothing.
+const maxPrefixBody = 8 << 20
+
+// readPrefix reads the body of a turn whose conversation is not resident,
+// hands it on intact and sets body's Prefix to the system prompt and tool
+// parts it declares, wherever they stand in it (Claude Code sends them
+// after the messages), from which load control learns the prefix
+// conversations share when the replies do not report it. A body read whole
+// also gives its exact size.
+func readPrefix(r *http.Request, body *selection.Body) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > maxPrefixBody {
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.Contains(strings.ToLower(ct), "json") {
+		return
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxPrefixBody+1))
+	whole := err == nil && len(data) <= maxPrefixBody
+	replay(r, data, err, whole)
+	if !whole {
+		return
+	}
+	*body = selection.Body{Bytes: int64(len(data)), Prefix: promptprefix.Read(data)}
 }
 
 // readBody reads the rest of the request body into memory and hands it on

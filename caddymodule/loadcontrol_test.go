@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -31,18 +32,18 @@ func TestLoadControlStatus(t *testing.T) {
 			Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
 			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
-			Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
+			SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}, capacity: 40000},
 		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
 			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3},
 			want: LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
-				Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
+				SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
 		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: LoadControlStatus{
 			Enabled: true, Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
 			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
-			Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
+			SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -284,7 +285,7 @@ func TestRequestBody(t *testing.T) {
 		if c.name != "unknown length, not scanned" {
 			sessionKey(c.r, cfg)
 		}
-		if got := requestBody(c.r); got != c.want {
+		if got := requestBody(c.r); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
@@ -292,7 +293,7 @@ func TestRequestBody(t *testing.T) {
 	r := chunked(4000)
 	sessionKey(r, cfg)
 	readBody(r)
-	if got := requestBody(r); got != (selection.Body{Bytes: 4000}) {
+	if got := requestBody(r); !reflect.DeepEqual(got, selection.Body{Bytes: 4000}) {
 		t.Errorf("read whole while waiting: %+v, want 4000 bytes, exact", got)
 	}
 }

@@ -56,3 +56,47 @@ func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 		t.Errorf("%s %v, want one sample of %d", sharedPrefixSeries, m, shared)
 	}
 }
+
+// Without --enable-prompt-tokens-details (vLLM's default) the replies say
+// nothing of what was cached, and load control reads the shared prefix
+// from the requests through Caddy: the system prompt and tools new
+// conversations' bodies share, wherever they stand in the body (Claude Code
+// sends them after the messages), which reach the simulator intact.
+func TestSharedPrefixReadFromRequestsThroughCaddy(t *testing.T) {
+	f := readingFleet(t, "--enable-prompt-tokens-details=false")
+	// 8,000 bytes of system prompt: 2,000 of the simulator's tokens.
+	system := strings.Repeat("You are a careful agent. ", 320)
+	body := func(task string) string {
+		return `{"model":"m","max_tokens":8,"stream":true,` +
+			`"messages":[{"role":"user","content":"` + strings.Repeat(task+" ", 300) + `"}],` +
+			`"system":[{"type":"text","text":"` + system + `"}],` +
+			`"tools":[{"name":"Bash","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],` +
+			`"tool_choice":{"type":"any"},"metadata":{"user_id":"u"}}`
+	}
+	for _, task := range []string{"alpha", "bravo", "charlie", "delta"} { // the first is compared with none
+		reply(t, f, "/v1/messages", task, body(task))
+	}
+	if st := f.status(t); st.LoadControl.SharedPrefixTokens != nil || st.LoadControl.SharedPrefixSource != "unknown" {
+		t.Fatalf("shared prefix %v from %q after 3 conversations compared, want null from \"unknown\"",
+			*st.LoadControl.SharedPrefixTokens, st.LoadControl.SharedPrefixSource)
+	}
+	reply(t, f, "/v1/messages", "echo", body("echo"))
+	st := f.status(t)
+	if st.LoadControl.Replies.CacheReported != 0 {
+		t.Fatalf("%d replies reported their cached part, want none", st.LoadControl.Replies.CacheReported)
+	}
+	shared := st.LoadControl.SharedPrefixTokens
+	if shared == nil || st.LoadControl.SharedPrefixSource != "requests" {
+		t.Fatalf("shared prefix %v from %q, want it read from the requests", shared, st.LoadControl.SharedPrefixSource)
+	}
+	// The system prompt and the tool, at the bytes per token learned from
+	// the replies' prompt sizes.
+	if *shared < 1900 || *shared > 2200 {
+		t.Errorf("shared prefix %d tokens, want about 2,000 (the system prompt and a tool)", *shared)
+	}
+	prompts := int(st.LoadControl.Replies.NonResident.PromptTokens)
+	if r := st.Replicas[0]; r.Residents != 5 || r.ResidentTokens < prompts-4**shared-5 || r.ResidentTokens > prompts-4**shared+5 {
+		t.Errorf("%d residents holding %d tokens, want 5 holding about %d (their prompts %d, the shared prefix once)",
+			r.Residents, r.ResidentTokens, prompts-4**shared, prompts)
+	}
+}

@@ -78,11 +78,15 @@ type LoadControlStatus struct {
 	// since residency keeps no cache across such pauses.
 	LateShare    float64 `json:"late_share"`
 	SteppedAside bool    `json:"stepped_aside"`
-	// SharedPrefixTokens is the prefix new conversations find cached beside
-	// others (their system prompt and tools), which a replica holds once
-	// for all its residents; nil (JSON null) until a reply reported its
-	// cached part (selection/sharedprefix.go).
-	SharedPrefixTokens *int `json:"shared_prefix_tokens"`
+	// SharedPrefixTokens is the prefix new conversations share with others
+	// (their system prompt and tools), which a replica holds once for all
+	// its residents; nil (JSON null) until known. SharedPrefixSource says
+	// where it was read: "replies" (the cached part of new conversations'
+	// replies, with vLLM's --enable-prompt-tokens-details), "requests" (the
+	// system prompt and tools their requests share) or "unknown"
+	// (selection/sharedprefix.go).
+	SharedPrefixTokens *int   `json:"shared_prefix_tokens"`
+	SharedPrefixSource string `json:"shared_prefix_source"`
 	// Admitted counts turns admitted, at once or after waiting (forced
 	// included); Queued those that had to wait; Forced those sent over
 	// capacity after max_wait; Refused those answered 503 by a full queue;
@@ -262,6 +266,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			LateShare:          st.Admission.LateShare,
 			SteppedAside:       st.Admission.SteppedAside,
 			SharedPrefixTokens: sharedPrefixTokens(st.Admission),
+			SharedPrefixSource: st.Admission.SharedPrefixSource.String(),
 			Admitted:           st.Admission.Admitted,
 			Queued:             st.Admission.Queued,
 			Forced:             st.Admission.Forced,
@@ -357,9 +362,9 @@ func known(v float64, ok bool) *float64 {
 	return &v
 }
 
-// sharedPrefixTokens is a's shared prefix, nil until a reply reported it.
+// sharedPrefixTokens is a's shared prefix, nil until known.
 func sharedPrefixTokens(a selection.AdmissionStatus) *int {
-	if !a.SharedPrefixKnown {
+	if a.SharedPrefixSource == selection.SharedUnknown {
 		return nil
 	}
 	return &a.SharedPrefix

@@ -19,13 +19,13 @@ import (
 
 // startSim runs the vLLM simulator on a free loopback port until the test
 // ends; its replies are 1 to 4 tokens long, cut at max_tokens when that is
-// lower.
-func startSim(t *testing.T) string {
+// lower. args are more of its flags.
+func startSim(t *testing.T, args ...string) string {
 	t.Helper()
 	port := testnet.Port(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, vllmsimBinary(t), "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--model", "m", "--time-scale", "20", "--output-len", "uniform:1:4")
+	cmd := exec.CommandContext(ctx, vllmsimBinary(t), append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--model", "m", "--time-scale", "20", "--output-len", "uniform:1:4"}, args...)...)
 	if err := cmd.Start(); err != nil {
 		cancel()
 		t.Fatal(err)
@@ -40,10 +40,11 @@ func startSim(t *testing.T) string {
 }
 
 // readingFleet is Caddy in front of one simulator, with load control on
-// (residents linger a minute) and warden_stop_reason reading the replies.
-func readingFleet(t *testing.T) *fleet {
+// (residents linger a minute) and warden_stop_reason reading the replies;
+// simArgs are more of the simulator's flags.
+func readingFleet(t *testing.T, simArgs ...string) *fleet {
 	t.Helper()
-	sim := startSim(t)
+	sim := startSim(t, simArgs...)
 	f, _ := runCaddy(t, caddySetup{
 		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
 		siteDirectives: "warden_stop_reason",

@@ -183,8 +183,11 @@ type gate struct {
 	expiries list.List
 	expired  map[uint64]*list.Element
 	// shared is the prefix new conversations find cached, which a replica
-	// holds once for all its residents (sharedprefix.go).
-	shared sharedPrefix
+	// holds once for all its residents; declaredShared the body bytes their
+	// requests share, which stand for it until the replies tell
+	// (sharedprefix.go).
+	shared, declaredShared sharedPrefix
+	declared               declaredPrefixes
 }
 
 // TokenCounts adds up replies' prompts and their cached parts.
@@ -202,6 +205,9 @@ type Body struct {
 	// not announced, a lower bound; its reply's prompt size then teaches
 	// nothing of the bytes per token.
 	Partial bool
+	// Prefix is the system prompt and tool parts the body declares, read
+	// only when load control wants them (WantsPrefix).
+	Prefix Prefix
 }
 
 // Admit asks load control whether a turn of the conversation key, whose
@@ -221,6 +227,7 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	notify := v.expire(now.UnixNano())
 	if g.residents[key] == nil {
 		g.noteLateReturn(key, now.UnixNano())
+		g.noteDeclared(key, body.Prefix)
 	}
 	switch {
 	case g.residents[key] != nil:
@@ -242,6 +249,20 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	g.mu.Unlock()
 	runAll(notify)
 	return t
+}
+
+// WantsPrefix reports whether Admit would learn from the prefix parts of a
+// turn of key (Body.Prefix): load control is on and key's conversation is
+// not resident. A resident's turns, most of them, teach nothing new, and
+// their bodies need not be read.
+func (v *View) WantsPrefix(key uint64) bool {
+	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
+		return false
+	}
+	g := v.router.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.residents[key] == nil
 }
 
 // estimate sizes the turn's prompt at the bytes per token learned so far.
@@ -594,7 +615,7 @@ func (v *View) hasRoom(s *replicaState, tokens int) bool {
 	if capacity <= 0 {
 		return true // unknown capacity: no control rather than none served
 	}
-	return float64(g.distinct(held, tokens)) <= v.cfg.Admission.Fill*float64(capacity)
+	return float64(v.distinct(held, tokens)) <= v.cfg.Admission.Fill*float64(capacity)
 }
 
 func runAll(fns []func()) {
@@ -632,11 +653,11 @@ type AdmissionStatus struct {
 	// 0.35; every turn is admitted at once meanwhile (aside.go).
 	LateShare    float64
 	SteppedAside bool
-	// SharedPrefix is the prefix, in tokens, new conversations find cached
-	// beside others, counted once per replica; SharedPrefixKnown says a
-	// reply reported it (sharedprefix.go).
-	SharedPrefix      int
-	SharedPrefixKnown bool
+	// SharedPrefix is the prefix, in tokens, new conversations share with
+	// others, counted once per replica, and SharedPrefixSource where it was
+	// read (sharedprefix.go).
+	SharedPrefix       int
+	SharedPrefixSource SharedPrefixSource
 }
 
 // residency is what a replica holds resident.
@@ -661,12 +682,13 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 		Replies: g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
 		LateShare: g.lateShare, SteppedAside: v.cfg.Admission.Enabled && v.cfg.Affinity && g.aside.Load(),
-		SharedPrefix: g.shared.value(), SharedPrefixKnown: g.shared.known(),
 	}
+	perToken, _ := v.router.bytesPerTokenLearned()
+	st.SharedPrefix, st.SharedPrefixSource = g.sharedTokens(perToken)
 	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {
 		h := g.held[s]
-		out[s] = replicaAdmission{residency{h.count, g.distinct(h, 0)}, v.nextNewcomer(s)}
+		out[s] = replicaAdmission{residency{h.count, v.distinct(h, 0)}, v.nextNewcomer(s)}
 	}
 	return out
 }

@@ -17,11 +17,16 @@ import "slices"
 // cached: the cached part vLLM reports (--enable-prompt-tokens-details,
 // read by warden_stop_reason) for a turn it placed by load on a replica
 // that already held residents, mostly a conversation's first, is the
-// prefix it shares with them.
+// prefix it shares with them. vLLM reports nothing without that flag, its
+// default: load control then reads the prefix from the requests, as the
+// longest run of system prompt and tool parts (Body.Prefix) that a
+// conversation's request shares with another recent conversation's. The
+// replies win once they tell: the template's own tokens and a server that
+// caches less than the requests share are in them.
 // A replica's residents then hold the sum of their prompts less the shared
-// prefix for each but one. Until enough replies report it, nothing counts
-// as shared: every prompt counts whole, and fewer conversations are
-// resident than fit, never more.
+// prefix for each but one. Until either tells, nothing counts as shared:
+// every prompt counts whole, and fewer conversations are resident than
+// fit, never more.
 
 // sharedWindow is how many recent first turns the shared prefix is read
 // from, and sharedAfter how many it waits for: their lower quartile, so
@@ -37,8 +42,9 @@ const (
 	sharedAfter  = 4
 )
 
-// sharedPrefix is the tokens new conversations find cached, read from the
-// last sharedWindow first turns (g.mu held for its methods).
+// sharedPrefix is the tokens new conversations find cached (or the body
+// bytes their requests share), read from the last sharedWindow first turns
+// (g.mu held for its methods).
 type sharedPrefix struct {
 	recent [sharedWindow]int
 	n      int // first turns observed
@@ -65,17 +71,115 @@ func (p *sharedPrefix) value() int {
 	return p.tokens
 }
 
+// PrefixPart is one part of what a chat template renders first (a system
+// prompt block, a tool): Hash covers the parts up to and including this
+// one, Bytes is the request body bytes they take.
+type PrefixPart struct {
+	Hash  uint64
+	Bytes int
+}
+
+// Prefix is a request's prefix parts in the order the template renders them
+// (promptprefix.Read).
+type Prefix []PrefixPart
+
+// sharedBytes is how many body bytes of p's parts q's share, comparing the
+// chained hashes from the first part on.
+func (p Prefix) sharedBytes(q Prefix) int {
+	shared := 0
+	for i := range min(len(p), len(q)) {
+		if p[i].Hash != q[i].Hash {
+			break
+		}
+		shared = p[i].Bytes
+	}
+	return shared
+}
+
+// declaredPrefixes are the prefixes of the last sharedWindow conversations
+// whose requests load control saw arrive without residency, to compare each
+// new one with.
+type declaredPrefixes struct {
+	recent [sharedWindow]declaredPrefix
+	next   int
+}
+
+type declaredPrefix struct {
+	key    uint64
+	prefix Prefix
+}
+
+// observe records key's prefix and returns the body bytes it shares with
+// the most similar other conversation's; ok is false when no other
+// conversation's prefix was recorded.
+func (d *declaredPrefixes) observe(key uint64, prefix Prefix) (shared int, ok bool) {
+	slot := -1
+	for i, r := range d.recent {
+		switch {
+		case r.key == key:
+			slot = i
+		case r.prefix != nil:
+			shared, ok = max(shared, prefix.sharedBytes(r.prefix)), true
+		}
+	}
+	if slot < 0 {
+		slot, d.next = d.next, (d.next+1)%sharedWindow
+	}
+	d.recent[slot] = declaredPrefix{key, prefix}
+	return shared, ok
+}
+
+// noteDeclared learns from the prefix parts of a request whose conversation
+// is not resident (g.mu held).
+func (g *gate) noteDeclared(key uint64, prefix Prefix) {
+	if len(prefix) == 0 {
+		return
+	}
+	if shared, ok := g.declared.observe(key, prefix); ok {
+		g.declaredShared.observe(shared)
+	}
+}
+
+// sharedTokens is the shared prefix in tokens: the replies' once they told
+// it, else the requests' at perToken body bytes per token, else 0 (g.mu
+// held).
+func (g *gate) sharedTokens(perToken float64) (tokens int, source SharedPrefixSource) {
+	switch {
+	case g.shared.known():
+		return g.shared.value(), SharedFromReplies
+	case g.declaredShared.known():
+		return tokensOf(int64(g.declaredShared.value()), perToken), SharedFromRequests
+	}
+	return 0, SharedUnknown
+}
+
+// SharedPrefixSource tells where load control read the shared prefix.
+type SharedPrefixSource uint8
+
+// Sources of the shared prefix.
+const (
+	SharedUnknown      SharedPrefixSource = iota // neither told yet: nothing counts as shared
+	SharedFromReplies                            // the cached part of new conversations' replies
+	SharedFromRequests                           // the system prompt and tools the requests share
+)
+
+func (s SharedPrefixSource) String() string {
+	return [...]string{"unknown", "replies", "requests"}[s]
+}
+
 // distinct is what a replica holding h holds with a prompt of tokens more
 // (0: none): the prompts less the shared prefix for each but one, and never
 // less than the new prompt or a mean one, so that conversations that share
 // less than the prefix (another agent's, a sub-agent with its own system
 // prompt) cannot make a replica look all but empty.
-func (g *gate) distinct(h residency, tokens int) int {
+func (v *View) distinct(h residency, tokens int) int {
 	n, sum := h.with(tokens)
 	if n <= 1 {
 		return sum
 	}
-	return max(sum-(n-1)*g.shared.value(), tokens, sum/n)
+	perToken, _ := v.router.bytesPerTokenLearned()
+	shared, _ := v.router.gate.sharedTokens(perToken)
+	return max(sum-(n-1)*shared, tokens, sum/n)
 }
 
 // with is how many conversations, and how many tokens, h holds with a

@@ -22,9 +22,10 @@ func endTurn(t *testing.T, r testRouter, key string, reply Reply) {
 	tk.End(t0, reply)
 }
 
+// learnedPrefix is the shared prefix and whether the replies told it.
 func learnedPrefix(r testRouter) (int, bool) {
 	st := r.Status().Admission
-	return st.SharedPrefix, st.SharedPrefixKnown
+	return st.SharedPrefix, st.SharedPrefixSource == SharedFromReplies
 }
 
 // Load control learns the shared prefix from what new conversations' first
@@ -69,11 +70,10 @@ func TestSharedPrefixIsCountedOnce(t *testing.T) {
 	mustState(t, r.Admit(HashKey("fits"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Admitted)
 	mustState(t, r.Admit(HashKey("too-large"), Body{Bytes: 200 * BytesPerToken}, nil, t0, nil), Waiting)
 
-	g := r.Router.gate
-	if got := g.distinct(residency{count: 3, tokens: 30}, 0); got != 10 {
+	if got := r.distinct(residency{count: 3, tokens: 30}, 0); got != 10 {
 		t.Errorf("3 residents of 10 tokens with 50 shared hold %d, want a mean prompt, 10", got)
 	}
-	if got := g.distinct(residency{count: 3, tokens: 30}, 100); got != 100 {
+	if got := r.distinct(residency{count: 3, tokens: 30}, 100); got != 100 {
 		t.Errorf("3 residents of 10 tokens with 50 shared and a prompt of 100 hold %d, want the prompt, 100", got)
 	}
 }
@@ -100,8 +100,8 @@ func TestSharedPrefixUnknownCountsPromptsWhole(t *testing.T) {
 		endTurn(t, r, key, Reply{PromptTokens: 60}) // no cached part reported
 	}
 	mustState(t, r.Admit(HashKey("c"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Waiting)
-	if st := r.Status(); st.Admission.SharedPrefixKnown || st.Replicas[0].ResidentTokens != 120 {
-		t.Fatalf("shared prefix known %v, resident tokens %d; want unknown, 120", st.Admission.SharedPrefixKnown, st.Replicas[0].ResidentTokens)
+	if st := r.Status(); st.Admission.SharedPrefixSource != SharedUnknown || st.Replicas[0].ResidentTokens != 120 {
+		t.Fatalf("shared prefix from %v, resident tokens %d; want unknown, 120", st.Admission.SharedPrefixSource, st.Replicas[0].ResidentTokens)
 	}
 }
 
@@ -155,4 +155,96 @@ func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
 		t.Fatalf("%d residents after their replies showed 2 × 90 tokens, want both kept", got)
 	}
 	mustState(t, admit("c", 1), Waiting)
+}
+
+// prefixOf builds a Prefix whose parts are named by names and take bytes each.
+func prefixOf(bytes int, names ...string) Prefix {
+	var p Prefix
+	var hash uint64
+	for i, name := range names {
+		hash = hash*31 + HashKey(name)
+		p = append(p, PrefixPart{Hash: hash, Bytes: (i + 1) * bytes})
+	}
+	return p
+}
+
+// Without cached parts in the replies (vLLM's default), load control reads
+// the shared prefix from the requests: the system prompt and tool parts a
+// new conversation's request shares with another recent one's, in tokens
+// at the bytes per token learned. A conversation compared with nothing, a
+// resident's turns and a conversation's return teach nothing; the replies
+// win once they tell.
+func TestSharedPrefixReadFromRequests(t *testing.T) {
+	r := sharedRouter(10000)
+	turn := func(key string, prefix Prefix, reply Reply) {
+		t.Helper()
+		tk := r.Admit(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
+		mustState(t, tk, Admitted)
+		tk.End(t0, reply)
+	}
+	agent := prefixOf(400, "system", "tool-a", "tool-b") // 1,200 bytes, 300 tokens
+	other := prefixOf(400, "system", "tool-a", "tool-c") // shares 800 bytes with agent
+	turn("a0", agent, Reply{})                           // nothing to compare with
+	turn("a0", agent, Reply{})                           // resident
+	for i := range 4 {
+		if st := r.Status().Admission; st.SharedPrefixSource != SharedUnknown {
+			t.Fatalf("shared prefix from %v after %d conversations compared, want unknown before 4", st.SharedPrefixSource, i)
+		}
+		turn(fmt.Sprintf("a%d", i+1), agent, Reply{})
+	}
+	turn("o", other, Reply{}) // one in five: the lower quartile stays
+	st := r.Status().Admission
+	if st.SharedPrefixSource != SharedFromRequests || st.SharedPrefix != 300 {
+		t.Fatalf("shared prefix %d from %v, want 300 from the requests", st.SharedPrefix, st.SharedPrefixSource)
+	}
+	// 4,000 bytes of prompt for 2,000 tokens: 2 bytes per token, so the
+	// 1,200 bytes shared are 600 tokens.
+	turn("a1", agent, Reply{PromptTokens: 2000})
+	if st := r.Status().Admission; st.SharedPrefix != 600 {
+		t.Fatalf("shared prefix %d at 2 bytes per token, want 600", st.SharedPrefix)
+	}
+	for i := range 4 {
+		turn(fmt.Sprintf("r%d", i), agent, Reply{PromptTokens: 1000, CachedTokens: 250, CacheReported: true})
+	}
+	if st := r.Status().Admission; st.SharedPrefixSource != SharedFromReplies || st.SharedPrefix != 250 {
+		t.Fatalf("shared prefix %d from %v once 4 replies told 250, want 250 from the replies", st.SharedPrefix, st.SharedPrefixSource)
+	}
+}
+
+// Prefixes share the bytes of their parts up to the first that differs.
+func TestPrefixSharedBytes(t *testing.T) {
+	for _, c := range []struct {
+		p, q Prefix
+		want int
+	}{
+		{prefixOf(10, "s", "a", "b"), prefixOf(10, "s", "a", "b"), 30},
+		{prefixOf(10, "s", "a", "b"), prefixOf(10, "s", "a"), 20},
+		{prefixOf(10, "s", "a", "b"), prefixOf(10, "s", "x", "b"), 10},
+		{prefixOf(10, "s"), prefixOf(10, "t"), 0},
+		{nil, prefixOf(10, "s"), 0},
+	} {
+		if got := c.p.sharedBytes(c.q); got != c.want {
+			t.Errorf("%v shares %d bytes with %v, want %d", c.p, got, c.q, c.want)
+		}
+	}
+}
+
+// Load control wants a turn's prefix parts only when its conversation is
+// not resident, and never with load control off or no key.
+func TestWantsPrefix(t *testing.T) {
+	off := newTestRouter(1, Config{})
+	if off.WantsPrefix(HashKey("a")) {
+		t.Error("load control off wants the prefix")
+	}
+	r := sharedRouter(10000)
+	if r.WantsPrefix(0) {
+		t.Error("a turn without a key: prefix wanted")
+	}
+	if !r.WantsPrefix(HashKey("a")) {
+		t.Fatal("a new conversation's prefix not wanted")
+	}
+	endTurn(t, r, "a", Reply{})
+	if r.WantsPrefix(HashKey("a")) {
+		t.Error("a resident conversation's prefix wanted")
+	}
 }

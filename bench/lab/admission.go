@@ -87,7 +87,7 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		})
 	}
 	tokens := p.view.EstimateTokens(a.PromptBytes)
-	t = p.view.Admit(selection.HashKey(a.Key), selection.Body{Bytes: a.PromptBytes}, nil, virtualTime(a.Now), func() {
+	t = p.view.Admit(selection.HashKey(a.Key), selection.Body{Bytes: a.PromptBytes, Prefix: a.Prefix}, nil, virtualTime(a.Now), func() {
 		delete(p.waiting, t)
 		send()
 	})

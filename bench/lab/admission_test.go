@@ -3,6 +3,8 @@ package lab
 import (
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // TestLoadControlHoldsTurnsDeepInOverload runs the throughput mode where the
@@ -24,5 +26,26 @@ func TestLoadControlHoldsTurnsDeepInOverload(t *testing.T) {
 	}
 	if hits[PolicyAdmission] < hits[PolicyWarden]+20 {
 		t.Errorf("prefix hits %.1f%% with load control, %.1f%% without: want at least 20 points more", hits[PolicyAdmission], hits[PolicyWarden])
+	}
+}
+
+// Load control learns the shared prefix from the replies' cached part,
+// and, when the engines leave it out (vLLM without
+// --enable-prompt-tokens-details), from the system prompt the requests
+// share: the seed's 3,500 tokens either way, within 1% (the block the
+// prefix ends in; the bytes per token learned from whole bodies, JSON
+// around the texts included).
+func TestLoadControlLearnsTheSharedPrefix(t *testing.T) {
+	for _, hide := range []bool{false, true} {
+		cfg := DefaultConfig()
+		cfg.Duration, cfg.Warmup, cfg.HideCachedTokens = 30*time.Second, 0, hide
+		policy, _ := runFresh(t, cfg, PolicyAdmission, 16, 1)
+		st := policy.(*admissionPolicy).view.Status().Admission
+		want := map[bool]selection.SharedPrefixSource{false: selection.SharedFromReplies, true: selection.SharedFromRequests}[hide]
+		system := cfg.Workload.SystemPromptTokens
+		if st.SharedPrefixSource != want || st.SharedPrefix < system*99/100 || st.SharedPrefix > system*101/100 {
+			t.Errorf("cached part hidden %v: shared prefix %d tokens from %v, want about %d from %v",
+				hide, st.SharedPrefix, st.SharedPrefixSource, system, want)
+		}
 	}
 }

@@ -65,6 +65,11 @@ type Config struct {
 	// or looser than the simulator's would, while the engines' tokens stay
 	// the same.
 	BodyBytesPerToken float64
+	// HideCachedTokens leaves the cached part out of the replies that load
+	// control reads, as vLLM does without --enable-prompt-tokens-details,
+	// its default; load control then reads the shared prefix from the
+	// requests (Arrival.Prefix).
+	HideCachedTokens bool
 	// Warm keeps one fleet for all runs of a seed instead of a fresh one per
 	// run; each run starts where the last one stopped, after its
 	// ConversationTail.

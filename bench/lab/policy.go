@@ -16,6 +16,9 @@ type Arrival struct {
 	Key string
 	// PromptBytes is the request body's size (its Content-Length).
 	PromptBytes int64
+	// Prefix is the system prompt part of the body, as promptprefix.Read
+	// reads it from a real one.
+	Prefix selection.Prefix
 	// Now is the arrival's virtual time.
 	Now time.Duration
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/lmwarden/caddy-warden/bench/agentload"
 	"github.com/lmwarden/caddy-warden/bench/hitbound"
 	"github.com/lmwarden/caddy-warden/bench/report"
@@ -298,7 +300,7 @@ func (s *sim) send(slotIndex int) {
 	}
 	s.routed++
 	r.final = turn.Final
-	a := Arrival{Key: sl.session.ID, PromptBytes: s.bodyBytes(turn), Now: s.now}
+	a := Arrival{Key: sl.session.ID, PromptBytes: s.bodyBytes(turn), Prefix: s.prefixOf(turn), Now: s.now}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
@@ -381,11 +383,15 @@ func (s *sim) endStep(eng int) {
 
 // finish records a completed request and sends the session's next turn at once.
 func (s *sim) finish(r *request) {
-	r.release(selection.Reply{
+	reply := selection.Reply{
 		TaskEnded:    r.final,
 		PromptTokens: len(r.req.Prompt), CachedTokens: r.req.CachedTokens, CacheReported: true,
 		OutputTokens: r.received,
-	})
+	}
+	if s.env.cfg.HideCachedTokens {
+		reply.CachedTokens, reply.CacheReported = 0, false
+	}
+	r.release(reply)
 	delete(s.byRequest, r.req)
 	s.slots[r.slot].current = nil
 	output := r.req.Output[:r.received]
@@ -521,10 +527,23 @@ func (s *sim) bodyBytes(turn agentload.Turn) int64 {
 	for _, m := range turn.Messages {
 		n += perMessage + len(m.Content)
 	}
+	return s.scaledBytes(n)
+}
+
+// scaledBytes is n bytes of the simulator's text at the configured body
+// bytes per token.
+func (s *sim) scaledBytes(n int) int64 {
 	if b := s.env.cfg.BodyBytesPerToken; b > 0 {
 		return int64(math.Round(float64(n) * b / tokenizer.CharsPerToken))
 	}
 	return int64(n)
+}
+
+// prefixOf is the turn's system prompt as the single prefix part of its
+// request body, scaled as bodyBytes scales the body.
+func (s *sim) prefixOf(turn agentload.Turn) selection.Prefix {
+	n := s.scaledBytes(len(turn.System))
+	return selection.Prefix{{Hash: xxhash.Sum64String(turn.System), Bytes: int(n)}}
 }
 
 // replySeed picks the engine's reply for a turn. The simulator's server seeds

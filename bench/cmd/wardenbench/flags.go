@@ -28,6 +28,9 @@ type common struct {
 	profile   engine.Profile
 	spill     int
 	metricsIv time.Duration
+	// cachedTokens: the replicas report the cached part of each prompt, as
+	// vLLM does with --enable-prompt-tokens-details.
+	cachedTokens bool
 }
 
 // newCommon returns the defaults: the seed's levels, 3 minutes per level,
@@ -49,6 +52,8 @@ func newCommon(args []string) (*common, error) {
 		workload:  agentload.DefaultConfig(),
 		profile:   p,
 		metricsIv: time.Second,
+
+		cachedTokens: true,
 	}, nil
 }
 
@@ -64,6 +69,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.plotsDir, "plots", "", "write PNG plots into this directory")
 	fs.IntVar(&c.spill, "spill-threshold", 0, "warden spill threshold (0: auto, max_num_seqs/4)")
 	fs.DurationVar(&c.metricsIv, "metrics-interval", c.metricsIv, "how often warden polls the replicas' metrics")
+	fs.BoolVar(&c.cachedTokens, "prompt-tokens-details", c.cachedTokens, "the replicas report each prompt's cached part, as vLLM does with --enable-prompt-tokens-details (false: its default, so load control reads the shared prefix from the requests)")
 	c.workload.RegisterFlags(fs)
 	c.profile.RegisterFlags(fs)
 }

@@ -58,6 +58,7 @@ func (c *common) labConfig() (lab.Config, error) {
 	}
 	cfg := lab.DefaultConfig()
 	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
+	cfg.HideCachedTokens = !c.cachedTokens
 	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warmup = c.metricsIv, c.spill, c.warmup
 	return cfg, nil
 }

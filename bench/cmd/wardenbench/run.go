@@ -135,7 +135,7 @@ func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar
 		Fresh:      opts.Fresh,
 		Instances:  setup.instances,
 		PinStore:   setup.pinStore,
-		SimArgs:    opts.profile.Args(),
+		SimArgs:    append(opts.profile.Args(), fmt.Sprintf("--enable-prompt-tokens-details=%t", opts.cachedTokens)),
 
 		CompactionInterval: opts.CompactionInterval,
 		WorkDir:            opts.OutDir,

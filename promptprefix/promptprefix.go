@@ -1,0 +1,239 @@
+// Package promptprefix reads from a chat request's JSON body the part a chat
+// template renders before the conversation's own messages: the system prompt
+// and the tool definitions. Every conversation of one agent shares that part
+// and a prefix cache (vLLM's) holds it once, so load control counts its size
+// once per replica when the server does not report cached tokens.
+package promptprefix
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+// Where prefix parts come from, in the order the template renders them. A
+// body is in practice only one API's shape; should it hold several of these
+// fields, they are taken in this order.
+const (
+	fromSystem       = iota // Anthropic Messages: system (a string, or one part per block)
+	fromInstructions        // Responses: instructions
+	fromInput               // Responses: leading system and developer input items
+	fromMessages            // Chat Completions: leading system and developer messages
+	fromTools               // any of them: one part per tool
+	numSources
+)
+
+// span is a value's bytes in the body, [start, end).
+type span struct{ start, end int }
+
+// Read returns body's prefix parts: Anthropic's system (a string is one part,
+// an array one part per block), Responses' instructions, the leading run of
+// system and developer items of Responses' input or Chat Completions'
+// messages (one part each), then one part per tool, each part its raw JSON
+// as the body has it. Top-level keys may come in any order; of a repeated
+// key the last counts, as in the JSON parsers servers use.
+//
+// Read returns nil when body has no prefix parts, and whenever it is not
+// exactly one complete, valid JSON object (garbage, a truncated body,
+// trailing data) or one of those fields has another type than above (null
+// counts as absent): such a request is refused by the server, and parts read
+// before the problem would not be a prefix of what the template renders when
+// the fields come in another order. Items are not checked: a system block or
+// tool of any JSON type is a part.
+func Read(body []byte) selection.Prefix {
+	var parts [numSources][]span
+	if !scan(body, &parts) {
+		return nil
+	}
+	return chain(body, &parts)
+}
+
+// scan walks the top-level fields of body, recording the spans of the prefix
+// parts; it reports false when body is not a valid object as Read requires.
+func scan(body []byte, parts *[numSources][]span) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var ok bool
+		switch tok {
+		case "system":
+			parts[fromSystem], ok = readParts(dec, body, true, true)
+		case "instructions":
+			parts[fromInstructions], ok = readParts(dec, body, true, false)
+		case "input":
+			parts[fromInput], ok = readLeading(dec, body, true)
+		case "messages":
+			parts[fromMessages], ok = readLeading(dec, body, false)
+		case "tools":
+			parts[fromTools], ok = readParts(dec, body, false, true)
+		default:
+			ok = skip(dec)
+		}
+		if !ok {
+			return false
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return false
+	}
+	_, err := dec.Token()
+	return err == io.EOF
+}
+
+// readParts reads the value dec is at: a string as one part when
+// stringOK, an array as one part per item when arrayOK, null as none.
+func readParts(dec *json.Decoder, body []byte, stringOK, arrayOK bool) ([]span, bool) {
+	start, first := peek(dec, body)
+	switch {
+	case first == 'n':
+		return nil, skip(dec)
+	case first == '"' && stringOK:
+		if !skip(dec) {
+			return nil, false
+		}
+		return []span{{start, offset(dec)}}, true
+	case first == '[' && arrayOK:
+		if _, err := dec.Token(); err != nil {
+			return nil, false
+		}
+		var spans []span
+		for dec.More() {
+			start, _ := peek(dec, body)
+			if !skip(dec) {
+				return nil, false
+			}
+			spans = append(spans, span{start, offset(dec)})
+		}
+		return spans, closeArray(dec)
+	}
+	return nil, false
+}
+
+// readLeading reads a conversation (messages, or input when stringOK, where
+// a string is a lone user prompt): its leading system and developer items
+// are parts, null is none.
+func readLeading(dec *json.Decoder, body []byte, stringOK bool) ([]span, bool) {
+	_, first := peek(dec, body)
+	switch {
+	case first == 'n' || first == '"' && stringOK:
+		return nil, skip(dec)
+	case first != '[':
+		return nil, false
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, false
+	}
+	var spans []span
+	leading := true
+	for dec.More() {
+		if !leading {
+			// The rest of the conversation, which can be most of the
+			// body, is only skipped.
+			if !skip(dec) {
+				return nil, false
+			}
+			continue
+		}
+		start, _ := peek(dec, body)
+		// encoding/json matches "role" case-insensitively too; no client
+		// sends another case.
+		var item struct {
+			Role string `json:"role"`
+		}
+		err := dec.Decode(&item)
+		var wrongType *json.UnmarshalTypeError
+		switch {
+		case err == nil && (item.Role == "system" || item.Role == "developer"):
+			spans = append(spans, span{start, offset(dec)})
+		case err == nil || errors.As(err, &wrongType):
+			// A reply, a user prompt, or an item that is no message: the
+			// conversation's own part starts here. Decode is past the item
+			// even when its type was wrong.
+			leading = false
+		default:
+			return nil, false
+		}
+	}
+	return spans, closeArray(dec)
+}
+
+// skipped takes any JSON value and keeps nothing, so that skipping a value
+// does not copy it.
+type skipped struct{}
+
+func (*skipped) UnmarshalJSON([]byte) error { return nil }
+
+// skip moves dec past the next value, reporting whether it was valid.
+func skip(dec *json.Decoder) bool {
+	var v skipped
+	return dec.Decode(&v) == nil
+}
+
+func closeArray(dec *json.Decoder) bool {
+	tok, err := dec.Token()
+	return err == nil && tok == json.Delim(']')
+}
+
+func offset(dec *json.Decoder) int { return int(dec.InputOffset()) }
+
+// peek returns where the next value starts in body and its first byte (0 at
+// the end). Only whitespace and a ':' or ',' the decoder has not consumed
+// yet lie between its offset and the value; should anything else, the
+// decoder reports it when reading the value.
+func peek(dec *json.Decoder, body []byte) (int, byte) {
+	i := offset(dec)
+	for i < len(body) {
+		switch body[i] {
+		case ' ', '\t', '\r', '\n', ':', ',':
+			i++
+		default:
+			return i, body[i]
+		}
+	}
+	return i, 0
+}
+
+// chain hashes the parts in the template's order, each hash chained from
+// the one before, so that two bodies share a part's hash exactly when they
+// share every part up to it.
+func chain(body []byte, parts *[numSources][]span) selection.Prefix {
+	n := 0
+	for _, spans := range parts {
+		n += len(spans)
+	}
+	if n == 0 {
+		return nil
+	}
+	prefix := make(selection.Prefix, 0, n)
+	var (
+		d        xxhash.Digest
+		previous [8]byte
+		hash     uint64
+		size     int
+	)
+	for _, spans := range parts {
+		for _, s := range spans {
+			raw := body[s.start:s.end]
+			binary.LittleEndian.PutUint64(previous[:], hash)
+			d.Reset()
+			_, _ = d.Write(previous[:])
+			_, _ = d.Write(raw)
+			hash = d.Sum64()
+			size += len(raw)
+			prefix = append(prefix, selection.PrefixPart{Hash: hash, Bytes: size})
+		}
+	}
+	return prefix
+}
