@@ -5,7 +5,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -34,14 +33,14 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	if !p.view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
-	ctx := r.Context()
-	ready := make(chan struct{})
-	start := time.Now()
-	// The ticket keeps usable: other requests' ends admit the turn with it.
-	usable := func(addr string) bool { return p.usable(pool, addr) }
 	if p.view.WantsPrefix(held.id.Key) {
 		readPrefix(r, &held.body)
 	}
+	ctx := r.Context()
+	ready := make(chan struct{})
+	start := time.Now() // after the body's upload: its wait starts now
+	// The ticket keeps usable: other requests' ends admit the turn with it.
+	usable := func(addr string) bool { return p.usable(pool, addr) }
 	t := p.view.Admit(held.id.Key, held.body, usable, start, func() { close(ready) })
 	held.ticket = t
 	if t == nil {
@@ -107,29 +106,27 @@ func requestBody(r *http.Request) selection.Body {
 }
 
 // maxPrefixBody bounds the body read for its prefix parts: a larger one
-// (images, documents) is streamed on unread and teaches nothing.
+// (images, documents) is handed on with only that much read, and teaches
+// nothing.
 const maxPrefixBody = 8 << 20
 
-// readPrefix reads the body of a turn whose conversation is not resident,
-// hands it on intact and sets body's Prefix to the system prompt and tool
-// parts it declares, wherever they stand in it (Claude Code sends them
-// after the messages), from which load control learns the prefix
-// conversations share when the replies do not report it. A body read whole
-// also gives its exact size.
+// readPrefix reads the body of a turn load control wants the prefix of
+// (View.WantsPrefix), hands it on intact and sets body to its size and the
+// system prompt and tool parts it declares, wherever they stand in it
+// (Claude Code sends them after the messages), from which load control
+// learns the prefix conversations share when the replies do not report
+// it. A body of unannounced length read whole also gives its exact size.
 func readPrefix(r *http.Request, body *selection.Body) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > maxPrefixBody {
-		return
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.Contains(strings.ToLower(ct), "json") {
+	if !jsonBody(r) || r.ContentLength > maxPrefixBody {
 		return
 	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, maxPrefixBody+1))
 	whole := err == nil && len(data) <= maxPrefixBody
 	replay(r, data, err, whole)
-	if !whole {
-		return
+	*body = requestBody(r)
+	if whole {
+		body.Prefix = promptprefix.Read(data)
 	}
-	*body = selection.Body{Bytes: int64(len(data)), Prefix: promptprefix.Read(data)}
 }
 
 // readBody reads the rest of the request body into memory and hands it on
@@ -140,6 +137,9 @@ func readPrefix(r *http.Request, body *selection.Body) {
 func readBody(r *http.Request) {
 	if r.ProtoMajor >= 2 || r.Body == nil || r.Body == http.NoBody {
 		return
+	}
+	if b, ok := r.Body.(replayedBody); ok && b.whole {
+		return // readPrefix read it
 	}
 	body, err := io.ReadAll(r.Body)
 	replay(r, body, err, err == nil)

@@ -2,18 +2,21 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -310,5 +313,50 @@ func TestReadBodyHandsItOnIntact(t *testing.T) {
 	got, err := io.ReadAll(r.Body)
 	if err != nil || string(got) != body {
 		t.Errorf("body handed on: %d bytes, %v; want the %d sent", len(got), err, len(body))
+	}
+}
+
+// readPrefix hands the body on intact: read whole, with its size and prefix
+// parts; past maxPrefixBody, as far as it was read then the rest, sized as
+// a lower bound; after a read error, what came then the same error; not
+// at all when it is no JSON.
+func TestReadPrefix(t *testing.T) {
+	chat := `{"messages":[{"role":"user","content":"hi"}],"system":"Be brief.","tools":[{"name":"Bash"}]}`
+	huge := `{"messages":"` + strings.Repeat("x", maxPrefixBody) + `"}`
+	readErr := errors.New("client reset")
+	for _, c := range []struct {
+		name        string
+		body        io.Reader
+		length      int64
+		contentType string
+		want        selection.Body
+		sent        string
+		err         error
+	}{
+		{"whole", strings.NewReader(chat), int64(len(chat)), "application/json",
+			selection.Body{Bytes: int64(len(chat)), Prefix: promptprefix.Read([]byte(chat))}, chat, nil},
+		{"unknown length, past the bound", strings.NewReader(huge), -1, "",
+			selection.Body{Bytes: maxPrefixBody + 1, Partial: true}, huge, nil},
+		{"read error", io.MultiReader(strings.NewReader(chat[:20]), iotest.ErrReader(readErr)), -1, "",
+			selection.Body{Bytes: 20, Partial: true}, chat[:20], readErr},
+		{"not JSON", strings.NewReader(chat), int64(len(chat)), "multipart/form-data", selection.Body{}, chat, nil},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/messages", c.body)
+		r.ContentLength = c.length
+		if c.contentType != "" {
+			r.Header.Set("Content-Type", c.contentType)
+		}
+		var got selection.Body
+		readPrefix(r, &got)
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+		if len(got.Prefix) == 0 && c.name == "whole" {
+			t.Errorf("%s: no prefix parts read", c.name)
+		}
+		sent, err := io.ReadAll(r.Body)
+		if string(sent) != c.sent || !errors.Is(err, c.err) {
+			t.Errorf("%s: handed on %d bytes and %v, want %d bytes and %v", c.name, len(sent), err, len(c.sent), c.err)
+		}
 	}
 }

@@ -20,11 +20,8 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 		return id
 	}
 	ids, fingerprint := cfg.sessionFromBody(), cfg.fingerprint()
-	if !ids && !fingerprint || r.Body == nil || r.Body == http.NoBody {
+	if !ids && !fingerprint || !jsonBody(r) {
 		return sessionkey.Identity{}
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.Contains(strings.ToLower(ct), "json") {
-		return sessionkey.Identity{} // an upload, a form: no conversation to read
 	}
 	size := cfg.bodyScanBytes()
 	if r.ContentLength > 0 && r.ContentLength < int64(size) {
@@ -35,6 +32,16 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 	prefix = prefix[:n]
 	replay(r, prefix, err, err == io.EOF || err == io.ErrUnexpectedEOF)
 	return sessionkey.ReadBody(prefix, ids, fingerprint)
+}
+
+// jsonBody reports whether r has a body that may be a chat request: not an
+// upload or a form.
+func jsonBody(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return false
+	}
+	ct := r.Header.Get("Content-Type")
+	return ct == "" || strings.Contains(strings.ToLower(ct), "json")
 }
 
 // routeRequest is what selection needs from a request's identity.
@@ -51,10 +58,15 @@ func routeRequest(id sessionkey.Identity) selection.Request {
 
 // replay hands on the body of r whole although its first bytes, read,
 // were read ahead, then err (a read error met), then the rest; whole says
-// that the bytes read are the whole body.
+// that the bytes read are the whole body, which is then not read again: a
+// failed dial closes it, and a read after that would fail Caddy's retry.
 func replay(r *http.Request, read []byte, err error, whole bool) {
+	parts := []io.Reader{bytes.NewReader(read), errorReader{err}}
+	if !whole {
+		parts = append(parts, r.Body)
+	}
 	r.Body = replayedBody{
-		Reader:    io.MultiReader(bytes.NewReader(read), errorReader{err}, r.Body),
+		Reader:    io.MultiReader(parts...),
 		Closer:    r.Body,
 		readAhead: len(read),
 		whole:     whole,

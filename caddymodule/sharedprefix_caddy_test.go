@@ -31,13 +31,14 @@ func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 		reply(t, f, "/v1/messages", task, body(task))
 	}
 
+	// The requests' estimate stands for it until four replies told it.
 	var shared int
-	testrun.Eventually(t, 2*time.Second, "load_control.shared_prefix_tokens set", func() bool {
-		p := f.status(t).LoadControl.SharedPrefixTokens
-		if p != nil {
-			shared = *p
+	testrun.Eventually(t, 2*time.Second, "load_control.shared_prefix_tokens read from the replies", func() bool {
+		lc := f.status(t).LoadControl
+		if lc.SharedPrefixTokens != nil {
+			shared = *lc.SharedPrefixTokens
 		}
-		return p != nil
+		return lc.SharedPrefixSource == "replies"
 	})
 	// The cache holds whole blocks of 16 tokens: the system prompt's, less
 	// the block its end shares with the user's message.

@@ -29,23 +29,31 @@ const (
 	numSources
 )
 
-// span is a value's bytes in the body, [start, end).
-type span struct{ start, end int }
+// span is a value's bytes in the body, [start, end); rendered, when set, is
+// what of it the template renders, which alone names the part.
+type span struct {
+	start, end int
+	rendered   []byte
+}
 
 // Read returns body's prefix parts: Anthropic's system (a string is one part,
 // an array one part per block), Responses' instructions, the leading run of
 // system and developer items of Responses' input or Chat Completions'
-// messages (one part each), then one part per tool, each part its raw JSON
-// as the body has it. Top-level keys may come in any order; of a repeated
-// key the last counts, as in the JSON parsers servers use.
+// messages (one part each), then one part per tool. A part is named by its
+// raw JSON as the body has it, but a message by its role and content only:
+// Codex gives each input item an id of its own, which the template does not
+// render and two conversations never share. Top-level keys may come in any
+// order; of a repeated key the last counts, as in the JSON parsers servers
+// use.
 //
 // Read returns nil when body has no prefix parts, and whenever it is not
 // exactly one complete, valid JSON object (garbage, a truncated body,
 // trailing data) or one of those fields has another type than above (null
 // counts as absent): such a request is refused by the server, and parts read
 // before the problem would not be a prefix of what the template renders when
-// the fields come in another order. Items are not checked: a system block or
-// tool of any JSON type is a part.
+// the fields come in another order. A system block or a tool must be an
+// object, and a source may hold at most maxParts of them; a run of leading
+// system messages ends at maxParts.
 func Read(body []byte) selection.Prefix {
 	var parts [numSources][]span
 	if !scan(body, &parts) {
@@ -92,8 +100,15 @@ func scan(body []byte, parts *[numSources][]span) bool {
 	return err == io.EOF
 }
 
+// maxParts bounds the parts of one source: a hostile body of a million
+// tools costs its parse, but neither the memory of a million parts nor,
+// in load control's comparisons, the time. Agents declare tens of tools;
+// with many MCP servers, a few hundred.
+const maxParts = 512
+
 // readParts reads the value dec is at: a string as one part when
-// stringOK, an array as one part per item when arrayOK, null as none.
+// stringOK, an array of objects (blocks, tools) as one part per item when
+// arrayOK, null as none.
 func readParts(dec *json.Decoder, body []byte, stringOK, arrayOK bool) ([]span, bool) {
 	start, first := peek(dec, body)
 	switch {
@@ -103,18 +118,18 @@ func readParts(dec *json.Decoder, body []byte, stringOK, arrayOK bool) ([]span, 
 		if !skip(dec) {
 			return nil, false
 		}
-		return []span{{start, offset(dec)}}, true
+		return []span{{start: start, end: offset(dec)}}, true
 	case first == '[' && arrayOK:
 		if _, err := dec.Token(); err != nil {
 			return nil, false
 		}
 		var spans []span
 		for dec.More() {
-			start, _ := peek(dec, body)
-			if !skip(dec) {
+			start, first := peek(dec, body)
+			if first != '{' || len(spans) == maxParts || !skip(dec) {
 				return nil, false
 			}
-			spans = append(spans, span{start, offset(dec)})
+			spans = append(spans, span{start: start, end: offset(dec)})
 		}
 		return spans, closeArray(dec)
 	}
@@ -150,17 +165,19 @@ func readLeading(dec *json.Decoder, body []byte, stringOK bool) ([]span, bool) {
 		// encoding/json matches "role" case-insensitively too; no client
 		// sends another case.
 		var item struct {
-			Role string `json:"role"`
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
 		}
 		err := dec.Decode(&item)
 		var wrongType *json.UnmarshalTypeError
 		switch {
-		case err == nil && (item.Role == "system" || item.Role == "developer"):
-			spans = append(spans, span{start, offset(dec)})
+		case err == nil && (item.Role == "system" || item.Role == "developer") && len(spans) < maxParts:
+			rendered := append([]byte(item.Role+"\x00"), item.Content...)
+			spans = append(spans, span{start, offset(dec), rendered})
 		case err == nil || errors.As(err, &wrongType):
-			// A reply, a user prompt, or an item that is no message: the
-			// conversation's own part starts here. Decode is past the item
-			// even when its type was wrong.
+			// A reply, a user prompt, an item that is no message, or one
+			// past maxParts: the conversation's own part starts here.
+			// Decode is past the item even when its type was wrong.
 			leading = false
 		default:
 			return nil, false
@@ -225,13 +242,16 @@ func chain(body []byte, parts *[numSources][]span) selection.Prefix {
 	)
 	for _, spans := range parts {
 		for _, s := range spans {
-			raw := body[s.start:s.end]
+			name := s.rendered
+			if name == nil {
+				name = body[s.start:s.end]
+			}
 			binary.LittleEndian.PutUint64(previous[:], hash)
 			d.Reset()
 			_, _ = d.Write(previous[:])
-			_, _ = d.Write(raw)
+			_, _ = d.Write(name)
 			hash = d.Sum64()
-			size += len(raw)
+			size += s.end - s.start
 			prefix = append(prefix, selection.PrefixPart{Hash: hash, Bytes: size})
 		}
 	}

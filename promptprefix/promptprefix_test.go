@@ -13,15 +13,33 @@ import (
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
-// want is the Prefix of parts with these raw JSON texts, hashed here from
-// the concatenated bytes rather than streamed as Read does.
-func want(raws ...string) selection.Prefix {
+// part is a prefix part as the body has it (raw) and what names it.
+type part struct{ name, raw string }
+
+// raw is a part named by its raw JSON: a system block, a tool.
+func raw(s string) part { return part{s, s} }
+
+// msg is a message part, named by its role and content only.
+func msg(s string) part {
+	var m struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		panic(err)
+	}
+	return part{m.Role + "\x00" + string(m.Content), s}
+}
+
+// want is the Prefix of these parts, hashed here from the concatenated
+// bytes rather than streamed as Read does.
+func want(parts ...part) selection.Prefix {
 	var p selection.Prefix
 	var hash uint64
 	size := 0
-	for _, raw := range raws {
-		hash = xxhash.Sum64(append(binary.LittleEndian.AppendUint64(nil, hash), raw...))
-		size += len(raw)
+	for _, pt := range parts {
+		hash = xxhash.Sum64(append(binary.LittleEndian.AppendUint64(nil, hash), pt.name...))
+		size += len(pt.raw)
 		p = append(p, selection.PrefixPart{Hash: hash, Bytes: size})
 	}
 	return p
@@ -30,7 +48,7 @@ func want(raws ...string) selection.Prefix {
 func init() {
 	// want's own check, so that it is not Read's algorithm twice over.
 	b := binary.LittleEndian.AppendUint64(nil, 0)
-	if want(`"x"`)[0].Hash != xxhash.Sum64(append(b, `"x"`...)) {
+	if want(raw(`"x"`))[0].Hash != xxhash.Sum64(append(b, `"x"`...)) {
 		panic("want does not chain from 0")
 	}
 }
@@ -87,38 +105,45 @@ const (
 
 func TestReadClaudeCode(t *testing.T) {
 	check(t, "claude code", claudeCodeBody(ccToolBash, ccToolRead),
-		want(ccSystemIdentity, ccSystemMain, ccToolBash, ccToolRead))
+		want(raw(ccSystemIdentity), raw(ccSystemMain), raw(ccToolBash), raw(ccToolRead)))
 	check(t, "system string", `{"messages":[{"role":"user","content":"hi"}],"system":"Be brief.","max_tokens":10}`,
-		want(`"Be brief."`))
+		want(raw(`"Be brief."`)))
 }
 
 func TestReadChatCompletions(t *testing.T) {
 	// The late system message is the conversation's, after the first user one.
-	check(t, "chat", chatBody, want(chatSystem, chatEnv, chatTool, chatToolTwo))
+	check(t, "chat", chatBody, want(msg(chatSystem), msg(chatEnv), raw(chatTool), raw(chatToolTwo)))
 	check(t, "no leading system", `{"messages":[{"role":"user","content":"hi"},{"role":"system","content":"late"}],"tools":[`+chatTool+`]}`,
-		want(chatTool))
+		want(raw(chatTool)))
 	check(t, "item without a role ends the run", `{"messages":[`+chatSystem+`,"odd",`+chatEnv+`]}`,
-		want(chatSystem))
+		want(msg(chatSystem)))
 	check(t, "role of another type ends the run", `{"messages":[`+chatSystem+`,{"role":7},`+chatEnv+`]}`,
-		want(chatSystem))
+		want(msg(chatSystem)))
 }
 
 func TestReadResponses(t *testing.T) {
-	check(t, "codex", codexBody, want(codexInstructions, codexDeveloper, codexShell, codexPatch))
+	check(t, "codex", codexBody, want(raw(codexInstructions), msg(codexDeveloper), raw(codexShell), raw(codexPatch)))
 	check(t, "string input", `{"model":"m","input":"what time is it?","instructions":`+codexInstructions+`,"tools":[`+codexShell+`]}`,
-		want(codexInstructions, codexShell))
+		want(raw(codexInstructions), raw(codexShell)))
 	check(t, "system input item", `{"input":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`,
-		want(`{"role":"system","content":"s"}`))
+		want(msg(`{"role":"system","content":"s"}`)))
+	// Codex names each input item: two conversations' developer messages
+	// differ in their ids only, which the template does not render.
+	first := Read([]byte(`{"input":[{"type":"message","id":"msg_1","role":"developer","content":"d"},{"role":"user","content":"u"}]}`))
+	second := Read([]byte(`{"input":[{"type":"message","id":"msg_2","role":"developer","content":"d"},{"role":"user","content":"v"}]}`))
+	if len(first) != 1 || !slices.Equal(first, second) {
+		t.Errorf("developer items differing in their ids: %v and %v, want one equal part", first, second)
+	}
 }
 
 // Several system sources are taken in a fixed order, whatever the body's.
 func TestReadSourceOrder(t *testing.T) {
-	check(t, "all sources", `{"tools":[1],"messages":[{"role":"system","n":4}],"input":[{"role":"developer","n":3}],"instructions":"2","system":"1"}`,
-		want(`"1"`, `"2"`, `{"role":"developer","n":3}`, `{"role":"system","n":4}`, `1`))
-	check(t, "last of a repeated key", `{"system":"a","system":["b","c"]}`, want(`"b"`, `"c"`))
+	check(t, "all sources", `{"tools":[{"t":1}],"messages":[{"role":"system","n":4}],"input":[{"role":"developer","n":3}],"instructions":"2","system":"1"}`,
+		want(raw(`"1"`), raw(`"2"`), msg(`{"role":"developer","n":3}`), msg(`{"role":"system","n":4}`), raw(`{"t":1}`)))
+	check(t, "last of a repeated key", `{"system":"a","system":[{"b":1},{"c":1}]}`, want(raw(`{"b":1}`), raw(`{"c":1}`)))
 	check(t, "null is absent", `{"system":null,"instructions":null,"input":null,"messages":null,"tools":null}`, nil)
-	check(t, "null beside parts", `{"system":null,"instructions":"i","input":null,"messages":null,"tools":[2]}`, want(`"i"`, `2`))
-	check(t, "null tools", `{"system":"s","tools":null}`, want(`"s"`))
+	check(t, "null beside parts", `{"system":null,"instructions":"i","input":null,"messages":null,"tools":[{"t":2}]}`, want(raw(`"i"`), raw(`{"t":2}`)))
+	check(t, "null tools", `{"system":"s","tools":null}`, want(raw(`"s"`)))
 	check(t, "empty arrays", `{"system":[],"messages":[],"input":[],"tools":[]}`, nil)
 }
 
@@ -197,10 +222,22 @@ func TestReadBadInput(t *testing.T) {
 		`{"system"::"s"}`,
 		`{"system":"s",,"tools":[]}`,
 		`{"tools":[1,,2]}`,
+		`{"tools":[1]}`,
+		`{"system":["s"]}`,
+		`{"tools":[{"name":"a"},"b"]}`,
 		`{}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 	} {
 		check(t, fmt.Sprintf("%q", body), body, nil)
+	}
+	// A hostile body of more tools than any agent declares reads as
+	// nothing; a run of leading system messages ends at maxParts.
+	many := `{"tools":[` + strings.Repeat(`{"name":"t"},`, maxParts) + `{"name":"t"}]}`
+	check(t, "more tools than maxParts", many, nil)
+	system := `{"role":"system","content":"s"}`
+	messages := Read([]byte(`{"messages":[` + strings.Repeat(system+",", maxParts) + system + `]}`))
+	if len(messages) != maxParts {
+		t.Errorf("%d leading system messages read of %d, want maxParts, %d", len(messages), maxParts+1, maxParts)
 	}
 	// Truncated anywhere, each body is invalid and reads as nothing.
 	for _, body := range []string{claudeCodeBody(ccToolBash, ccToolRead), chatBody, codexBody} {

@@ -252,9 +252,10 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 }
 
 // WantsPrefix reports whether Admit would learn from the prefix parts of a
-// turn of key (Body.Prefix): load control is on and key's conversation is
-// not resident. A resident's turns, most of them, teach nothing new, and
-// their bodies need not be read.
+// turn of key (Body.Prefix): load control is on, the replies have not told
+// the shared prefix, and key's conversation is not resident. A resident's
+// turns, most of them, teach nothing new, and their bodies need not be
+// read.
 func (v *View) WantsPrefix(key uint64) bool {
 	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
 		return false
@@ -262,7 +263,7 @@ func (v *View) WantsPrefix(key uint64) bool {
 	g := v.router.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.residents[key] == nil
+	return !g.shared.known() && g.residents[key] == nil
 }
 
 // estimate sizes the turn's prompt at the bytes per token learned so far.

@@ -42,33 +42,34 @@ const (
 	sharedAfter  = 4
 )
 
-// sharedPrefix is the tokens new conversations find cached (or the body
-// bytes their requests share), read from the last sharedWindow first turns
-// (g.mu held for its methods).
+// sharedPrefix is the lower quartile of the last sharedWindow samples of
+// the shared prefix: the tokens a new conversation's first turn found
+// cached, or the body bytes a new conversation's request shares with
+// another's (g.mu held for its methods).
 type sharedPrefix struct {
-	recent [sharedWindow]int
-	n      int // first turns observed
-	tokens int // the lower quartile of recent
+	recent   [sharedWindow]int
+	n        int // samples observed
+	quartile int // the lower quartile of recent
 }
 
-// observe adds a first turn that found cached tokens of its prompt.
-func (p *sharedPrefix) observe(cached int) {
-	p.recent[p.n%sharedWindow] = cached
+// observe adds a sample.
+func (p *sharedPrefix) observe(sample int) {
+	p.recent[p.n%sharedWindow] = sample
 	p.n++
 	sorted := slices.Clone(p.recent[:min(p.n, sharedWindow)])
 	slices.Sort(sorted)
-	p.tokens = sorted[(len(sorted)-1)/4]
+	p.quartile = sorted[(len(sorted)-1)/4]
 }
 
 // known reports whether enough first turns were observed.
 func (p *sharedPrefix) known() bool { return p.n >= sharedAfter }
 
-// value is the shared prefix in tokens, 0 until known.
+// value is the lower quartile of the samples, 0 until known.
 func (p *sharedPrefix) value() int {
 	if !p.known() {
 		return 0
 	}
-	return p.tokens
+	return p.quartile
 }
 
 // PrefixPart is one part of what a chat template renders first (a system
@@ -110,22 +111,25 @@ type declaredPrefix struct {
 }
 
 // observe records key's prefix and returns the body bytes it shares with
-// the most similar other conversation's; ok is false when no other
-// conversation's prefix was recorded.
+// the most similar other conversation's. ok is false when no other
+// conversation's prefix was recorded, and for a conversation already
+// recorded (back after linger, or a turn resent after a refusal): a sample
+// per conversation, so that a few that come back often do not make up the
+// quartile.
 func (d *declaredPrefixes) observe(key uint64, prefix Prefix) (shared int, ok bool) {
-	slot := -1
 	for i, r := range d.recent {
-		switch {
-		case r.key == key:
-			slot = i
-		case r.prefix != nil:
+		if r.key == key {
+			d.recent[i].prefix = prefix
+			return 0, false
+		}
+	}
+	for _, r := range d.recent {
+		if r.prefix != nil {
 			shared, ok = max(shared, prefix.sharedBytes(r.prefix)), true
 		}
 	}
-	if slot < 0 {
-		slot, d.next = d.next, (d.next+1)%sharedWindow
-	}
-	d.recent[slot] = declaredPrefix{key, prefix}
+	d.recent[d.next] = declaredPrefix{key, prefix}
+	d.next = (d.next + 1) % sharedWindow
 	return shared, ok
 }
 
@@ -171,7 +175,7 @@ func (s SharedPrefixSource) String() string {
 // (0: none): the prompts less the shared prefix for each but one, and never
 // less than the new prompt or a mean one, so that conversations that share
 // less than the prefix (another agent's, a sub-agent with its own system
-// prompt) cannot make a replica look all but empty.
+// prompt) cannot make a replica look all but empty (g.mu held).
 func (v *View) distinct(h residency, tokens int) int {
 	n, sum := h.with(tokens)
 	if n <= 1 {

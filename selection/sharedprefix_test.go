@@ -248,3 +248,39 @@ func TestWantsPrefix(t *testing.T) {
 		t.Error("a resident conversation's prefix wanted")
 	}
 }
+
+// A conversation counts once among the requests' samples: another agent's
+// two conversations that come back again and again (after their tasks
+// end, or resent after a refusal) do not outweigh six of the main agent's.
+func TestSharedPrefixFromRequestsOneSamplePerConversation(t *testing.T) {
+	r := sharedRouter(100000)
+	turn := func(key string, prefix Prefix) {
+		t.Helper()
+		tk := r.Admit(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
+		mustState(t, tk, Admitted)
+		tk.End(t0, Reply{TaskEnded: true}) // not resident: its next turn is read again
+	}
+	main, other := prefixOf(400, "main"), prefixOf(4000, "other")
+	for i := range 6 {
+		turn(fmt.Sprintf("m%d", i), main)
+	}
+	for range 8 {
+		turn("o0", other)
+		turn("o1", other)
+	}
+	if st := r.Status().Admission; st.SharedPrefix != 100 {
+		t.Fatalf("shared prefix %d tokens with two conversations of another agent back 8 times each, want the main agent's 100", st.SharedPrefix)
+	}
+}
+
+// Once the replies have told the shared prefix, no request body need be
+// read for it.
+func TestWantsPrefixNotOnceRepliesTell(t *testing.T) {
+	r := sharedRouter(10000)
+	for i := range 5 {
+		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
+	}
+	if r.WantsPrefix(HashKey("new")) {
+		t.Error("prefix wanted although the replies told it")
+	}
+}

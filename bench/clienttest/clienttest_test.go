@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
+	"github.com/lmwarden/caddy-warden/promptprefix"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // turnTimeout bounds one invocation of a CLI (one turn).
@@ -86,8 +88,43 @@ func testClient(t *testing.T, c client) {
 	if errA == nil && errB == nil && engineA == engineB {
 		t.Errorf("conversations A and B both on %s; want them on different replicas%s", engineA, sharedLead(a[0].reqs[0], b[0].reqs[0]))
 	}
+	checkSharedPrefix(t, a[0], b[0])
 	if !t.Failed() {
 		t.Logf("%s %s: conversation A (3 turns) on %s, conversation B (2 turns) on %s", c.pkg, version, engineA, engineB)
+	}
+}
+
+// checkSharedPrefix checks that load control reads the client's system prompt and tools
+// (promptprefix, what it counts once per replica when the server does not report cached
+// tokens) from the first requests of two conversations in one project, and that they share
+// at least their first part. A turn's main request is the one that declares the most.
+func checkSharedPrefix(t *testing.T, a, b turn) {
+	t.Helper()
+	main := func(tr turn) selection.Prefix {
+		var best selection.Prefix
+		for _, r := range tr.reqs {
+			if p := promptprefix.Read(r.Body); len(p) > 0 && (len(best) == 0 || p[len(p)-1].Bytes > best[len(best)-1].Bytes) {
+				best = p
+			}
+		}
+		return best
+	}
+	pa, pb := main(a), main(b)
+	if len(pa) == 0 || len(pb) == 0 {
+		t.Errorf("prefix parts read from the first requests: %d in %s, %d in %s; want some in both", len(pa), a.name, len(pb), b.name)
+		return
+	}
+	shared := 0
+	for i := range min(len(pa), len(pb)) {
+		if pa[i].Hash != pb[i].Hash {
+			break
+		}
+		shared = i + 1
+	}
+	t.Logf("prefix parts: %d (%d bytes) in %s, %d (%d bytes) in %s, the first %d shared",
+		len(pa), pa[len(pa)-1].Bytes, a.name, len(pb), pb[len(pb)-1].Bytes, b.name, shared)
+	if shared == 0 {
+		t.Errorf("%s and %s share no prefix part: load control would count their system prompt twice", a.name, b.name)
 	}
 }
 
