@@ -61,7 +61,7 @@ func (p *sharedPrefix) observe(sample int) {
 	p.quartile = sorted[(len(sorted)-1)/4]
 }
 
-// known reports whether enough first turns were observed.
+// known reports whether enough samples were observed.
 func (p *sharedPrefix) known() bool { return p.n >= sharedAfter }
 
 // value is the lower quartile of the samples, 0 until known.
