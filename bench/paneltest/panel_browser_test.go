@@ -365,6 +365,13 @@ func TestPanelInBrowser(t *testing.T) {
 			if !strings.Contains(page.Text, "Working set: ") || strings.Contains(page.Text, "not known yet") {
 				problems = append(problems, "no working set against the replicas' KV capacity")
 			}
+			want := "every prompt counted whole"
+			if lc := f.status(t).LoadControl; lc.SharedPrefixTokens != nil {
+				want = "counted once per replica (read from the " + lc.SharedPrefixSource + ")"
+			}
+			if !strings.Contains(page.Text, want) {
+				problems = append(problems, fmt.Sprintf("working set without %q", want))
+			}
 			if want := replyUsageLine(f.status(t).LoadControl.Replies); !strings.Contains(page.Text, want) {
 				problems = append(problems, fmt.Sprintf("no line %q on the page", want))
 			}

@@ -140,12 +140,16 @@
   }
 
   // workingSet compares the resident conversations' prompts with the
-  // replicas' KV caches, and says so when they do not fit.
-  function workingSet(ws) {
+  // replicas' KV caches, and says so when they do not fit; it names the
+  // prefix they share, counted once per replica, and where it was read.
+  function workingSet(ws, lc) {
     if (!ws) return [];
     const capacity = ws.kv_capacity_tokens === null ? "a KV capacity not known yet" : si(ws.kv_capacity_tokens) + " tokens of KV cache";
+    const shared = lc.shared_prefix_tokens === null
+      ? "every prompt counted whole until the replies or the requests tell the prefix conversations share"
+      : "the " + si(lc.shared_prefix_tokens) + " tokens conversations share counted once per replica (read from the " + lc.shared_prefix_source + ")";
     const line = el("p", { className: "note muted", "data-stat": "working_set",
-      text: "Working set: " + si(ws.resident_tokens) + " tokens resident in " + capacity });
+      text: "Working set: " + si(ws.resident_tokens) + " tokens resident in " + capacity + "; " + shared });
     if (ws.kv_capacity_tokens === null || ws.resident_tokens <= ws.kv_capacity_tokens) return [line];
     return [line, el("p", { className: "note warn", "data-stat": "working_set_exceeded",
       text: "The resident conversations hold more than the replicas' KV caches: some of their prompts will be computed again." })];
@@ -290,7 +294,7 @@
         badges(m),
       ),
       replicaTable(m),
-      ...workingSet(m.working_set),
+      ...workingSet(m.working_set, m.load_control),
       ...replyUsage(m.load_control),
       since(m),
       stats(m, generatedAt),
