@@ -28,9 +28,10 @@ import "slices"
 // every prompt counts whole, and fewer conversations are resident than
 // fit, never more.
 
-// sharedWindow is how many recent first turns the shared prefix is read
-// from, and sharedAfter how many it waits for: their lower quartile, so
-// that a few unusual first turns move it little either way. A fork of a
+// sharedWindow is how many recent samples the shared prefix is read from
+// (first turns' replies, or new conversations' requests), and sharedAfter
+// how many it waits for: their lower quartile, so that a few unusual ones
+// move it little either way. A fork of a
 // conversation, new to load control, finds its parent's whole history
 // cached, which other conversations do not share; a first turn beside a
 // resident still in its first prefill finds nothing. Of a fleet of two
