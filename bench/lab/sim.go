@@ -146,10 +146,12 @@ type request struct {
 // have ended or Config.ConversationTail has passed, so that each of them is
 // timed to its end.
 type sim struct {
-	env                  *Env
-	fleet                *simFleet
-	policy               Policy
-	gen                  *agentload.Generator
+	env    *Env
+	fleet  *simFleet
+	policy Policy
+	gen    *agentload.Generator
+	// prefix is every request's prefix parts: the run's system prompt.
+	prefix               selection.Prefix
 	seed                 int64
 	start, measured, end time.Duration
 	now                  time.Duration
@@ -193,7 +195,8 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 	f := env.fleet
 	s := &sim{
 		env: env, fleet: f, policy: policy, gen: gen, seed: seed,
-		start: f.clock, measured: f.clock + cfg.Warmup, end: f.clock + cfg.Warmup + cfg.Duration, now: f.clock,
+		prefix: selection.Prefix{{Hash: xxhash.Sum64String(gen.SystemPrompt()), Bytes: int(scaledBytes(cfg, len(gen.SystemPrompt())))}},
+		start:  f.clock, measured: f.clock + cfg.Warmup, end: f.clock + cfg.Warmup + cfg.Duration, now: f.clock,
 		stepping:   make([]bool, len(f.engines)),
 		stepEvents: make([][]engine.Event, len(f.engines)),
 		slots:      make([]slot, sessions),
@@ -300,7 +303,7 @@ func (s *sim) send(slotIndex int) {
 	}
 	s.routed++
 	r.final = turn.Final
-	a := Arrival{Key: sl.session.ID, PromptBytes: s.bodyBytes(turn), Prefix: s.prefixOf(turn), Now: s.now}
+	a := Arrival{Key: sl.session.ID, PromptBytes: s.bodyBytes(turn), Prefix: s.prefix, Now: s.now}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
@@ -527,23 +530,16 @@ func (s *sim) bodyBytes(turn agentload.Turn) int64 {
 	for _, m := range turn.Messages {
 		n += perMessage + len(m.Content)
 	}
-	return s.scaledBytes(n)
+	return scaledBytes(s.env.cfg, n)
 }
 
 // scaledBytes is n bytes of the simulator's text at the configured body
 // bytes per token.
-func (s *sim) scaledBytes(n int) int64 {
-	if b := s.env.cfg.BodyBytesPerToken; b > 0 {
+func scaledBytes(cfg Config, n int) int64 {
+	if b := cfg.BodyBytesPerToken; b > 0 {
 		return int64(math.Round(float64(n) * b / tokenizer.CharsPerToken))
 	}
 	return int64(n)
-}
-
-// prefixOf is the turn's system prompt as the single prefix part of its
-// request body, scaled as bodyBytes scales the body.
-func (s *sim) prefixOf(turn agentload.Turn) selection.Prefix {
-	n := s.scaledBytes(len(turn.System))
-	return selection.Prefix{{Hash: xxhash.Sum64String(turn.System), Bytes: int(n)}}
 }
 
 // replySeed picks the engine's reply for a turn. The simulator's server seeds
