@@ -85,9 +85,9 @@ type PrefixPart struct {
 // (promptprefix.Read).
 type Prefix []PrefixPart
 
-// sharedBytes is how many body bytes of p's parts q's share, comparing the
+// SharedBytes is how many body bytes of p's parts q's share, comparing the
 // chained hashes from the first part on.
-func (p Prefix) sharedBytes(q Prefix) int {
+func (p Prefix) SharedBytes(q Prefix) int {
 	shared := 0
 	for i := range min(len(p), len(q)) {
 		if p[i].Hash != q[i].Hash {
@@ -126,7 +126,7 @@ func (d *declaredPrefixes) observe(key uint64, prefix Prefix) (shared int, ok bo
 	}
 	for _, r := range d.recent {
 		if r.prefix != nil {
-			shared, ok = max(shared, prefix.sharedBytes(r.prefix)), true
+			shared, ok = max(shared, prefix.SharedBytes(r.prefix)), true
 		}
 	}
 	d.recent[d.next] = declaredPrefix{key, prefix}

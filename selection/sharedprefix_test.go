@@ -223,7 +223,7 @@ func TestPrefixSharedBytes(t *testing.T) {
 		{prefixOf(10, "s"), prefixOf(10, "t"), 0},
 		{nil, prefixOf(10, "s"), 0},
 	} {
-		if got := c.p.sharedBytes(c.q); got != c.want {
+		if got := c.p.SharedBytes(c.q); got != c.want {
 			t.Errorf("%v shares %d bytes with %v, want %d", c.p, got, c.q, c.want)
 		}
 	}

@@ -114,14 +114,8 @@ func checkSharedPrefix(t *testing.T, a, b turn) {
 		t.Errorf("prefix parts read from the first requests: %d in %s, %d in %s; want some in both", len(pa), a.name, len(pb), b.name)
 		return
 	}
-	shared := 0
-	for i := range min(len(pa), len(pb)) {
-		if pa[i].Hash != pb[i].Hash {
-			break
-		}
-		shared = i + 1
-	}
-	t.Logf("prefix parts: %d (%d bytes) in %s, %d (%d bytes) in %s, the first %d shared",
+	shared := pa.SharedBytes(pb)
+	t.Logf("prefix parts: %d (%d bytes) in %s, %d (%d bytes) in %s, %d bytes shared",
 		len(pa), pa[len(pa)-1].Bytes, a.name, len(pb), pb[len(pb)-1].Bytes, b.name, shared)
 	if shared == 0 {
 		t.Errorf("%s and %s share no prefix part: load control would count their system prompt twice", a.name, b.name)
