@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -106,8 +105,7 @@ func requestBody(r *http.Request) selection.Body {
 }
 
 // maxPrefixBody bounds the body read for its prefix parts: a larger one
-// (images, documents) is handed on with only that much read, and teaches
-// nothing.
+// (images, documents) is handed on unread, and teaches nothing.
 const maxPrefixBody = 8 << 20
 
 // readPrefix reads the body of a turn load control wants the prefix of
@@ -117,12 +115,10 @@ const maxPrefixBody = 8 << 20
 // learns the prefix conversations share when the replies do not report
 // it. A body of unannounced length read whole also gives its exact size.
 func readPrefix(r *http.Request, body *selection.Body) {
-	if !jsonBody(r) || r.ContentLength > maxPrefixBody {
+	if !jsonBody(r) {
 		return
 	}
-	data, err := io.ReadAll(io.LimitReader(r.Body, maxPrefixBody+1))
-	whole := err == nil && len(data) <= maxPrefixBody
-	replay(r, data, err, whole)
+	data, whole := heldBodies.read(r, maxPrefixBody)
 	*body = requestBody(r)
 	if whole {
 		body.Prefix = promptprefix.Read(data)
@@ -132,8 +128,8 @@ func readPrefix(r *http.Request, body *selection.Body) {
 // readBody reads the rest of the request body into memory and hands it on
 // intact. HTTP/1 notices a client that left (and cancels the request's
 // context) only once the handler has read the body to its end, so a turn
-// that waits reads it first; HTTP/2 notices without it. A read error is
-// handed on as it came.
+// that waits reads it first, as far as the process's budget for bodies
+// allows; HTTP/2 notices without it. A read error is handed on as it came.
 func readBody(r *http.Request) {
 	if r.ProtoMajor >= 2 || r.Body == nil || r.Body == http.NoBody {
 		return
@@ -141,6 +137,5 @@ func readBody(r *http.Request) {
 	if b, ok := r.Body.(replayedBody); ok && b.whole {
 		return // readPrefix read it
 	}
-	body, err := io.ReadAll(r.Body)
-	replay(r, body, err, err == nil)
+	heldBodies.read(r, maxHeldBodies)
 }

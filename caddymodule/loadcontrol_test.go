@@ -271,7 +271,7 @@ func TestSelectLoadControlOff(t *testing.T) {
 func TestRequestBody(t *testing.T) {
 	cfg := &ModelConfig{BodyScanBytes: 1000}
 	chunked := func(size int) *http.Request {
-		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", size)))
+		r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/", strings.NewReader(strings.Repeat("x", size)))
 		r.ContentLength = -1
 		return r
 	}
@@ -305,7 +305,7 @@ func TestRequestBody(t *testing.T) {
 // and handed on intact.
 func TestReadBodyHandsItOnIntact(t *testing.T) {
 	body := strings.Repeat("0123456789", 1000)
-	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/", strings.NewReader(body))
 	readBody(r)
 	if b, ok := r.Body.(replayedBody); !ok || b.readAhead != len(body) {
 		t.Fatalf("body not read ahead: %T", r.Body)
@@ -341,7 +341,7 @@ func TestReadPrefix(t *testing.T) {
 			selection.Body{Bytes: 20, Partial: true}, chat[:20], readErr},
 		{"not JSON", strings.NewReader(chat), int64(len(chat)), "multipart/form-data", selection.Body{}, chat, nil},
 	} {
-		r := httptest.NewRequest(http.MethodPost, "/v1/messages", c.body)
+		r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/v1/messages", c.body)
 		r.ContentLength = c.length
 		if c.contentType != "" {
 			r.Header.Set("Content-Type", c.contentType)

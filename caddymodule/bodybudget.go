@@ -1,0 +1,73 @@
+package caddymodule
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync/atomic"
+)
+
+// maxHeldBodies bounds the request bodies load control holds in memory at
+// once, in the whole process: bodies read for their prompt's prefix and
+// bodies of waiting turns. Without it, max_queue turns of a few MiB each
+// could hold gigabytes. Past it a body is not read (or, of unannounced
+// length, only as far as the budget allows): the turn loses only what the
+// read was for, a sample of the shared prefix, or noticing over HTTP/1
+// that its client left before it is sent.
+const maxHeldBodies = 256 << 20
+
+// heldBodies is the process's budget: load control's bodies across models
+// and config reloads share the same memory.
+var heldBodies = &bodyBudget{limit: maxHeldBodies}
+
+// bodyBudget counts the bytes of request bodies held in memory against a
+// limit.
+type bodyBudget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+// reserve takes up to want bytes of the budget, at least least of them,
+// and returns how many it took: 0 when fewer than least are free.
+func (b *bodyBudget) reserve(least, want int64) int64 {
+	for {
+		used := b.used.Load()
+		grant := min(want, b.limit-used)
+		if grant < least || grant <= 0 {
+			return 0
+		}
+		if b.used.CompareAndSwap(used, used+grant) {
+			return grant
+		}
+	}
+}
+
+// read reads r's body into memory, at most limit bytes and only as much
+// as the budget has free, and hands it on intact, the bytes read first. It
+// returns the bytes read and whether they are the whole body; a read error
+// is handed on after them. A body announced longer than limit, or than the
+// budget has free, is not read. The bytes count against the budget until
+// the request ends.
+func (b *bodyBudget) read(r *http.Request, limit int64) (data []byte, whole bool) {
+	if r.ContentLength > limit {
+		return nil, false
+	}
+	// One byte more than can be kept tells a body that goes on past it.
+	least, want := int64(1), limit+1
+	if r.ContentLength >= 0 {
+		least, want = r.ContentLength+1, r.ContentLength+1
+	}
+	grant := b.reserve(least, want)
+	if grant == 0 {
+		return nil, false
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, grant))
+	held := int64(len(data))
+	b.used.Add(held - grant)
+	if held > 0 {
+		context.AfterFunc(r.Context(), func() { b.used.Add(-held) })
+	}
+	whole = err == nil && held < grant
+	replay(r, data, err, whole)
+	return data, whole
+}
