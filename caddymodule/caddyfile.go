@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/lmwarden/caddy-warden/kvevents"
+	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -226,8 +227,8 @@ func parseServer(d *caddyfile.Dispenser) (*ServerConfig, error) {
 	switch {
 	case len(args) == 3 && args[1] == "ranks":
 		ranks, err := strconv.Atoi(args[2])
-		if err != nil || ranks < 1 {
-			return nil, d.Errf("ranks: expected a positive integer, got %q", args[2])
+		if err != nil || ranks < 1 || ranks > metricsfeed.MaxEngines {
+			return nil, d.Errf("ranks: expected an integer from 1 to %d, got %q", metricsfeed.MaxEngines, args[2])
 		}
 		if err := checkAddress(d, args[0]); err != nil {
 			return nil, err

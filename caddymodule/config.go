@@ -11,6 +11,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/fleet"
 	"github.com/lmwarden/caddy-warden/kvevents"
+	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -167,8 +168,8 @@ func (c *ModelConfig) validate(name string) error {
 		return fmt.Errorf("model %q: server needs an address (or a process with --port)", name)
 	case len(c.Replicas) > 0 && c.Server != nil:
 		return fmt.Errorf("model %q: replicas and server are exclusive", name)
-	case c.Server != nil && c.Server.Ranks < 1:
-		return fmt.Errorf("model %q: server %s needs ranks >= 1", name, c.Server.Address)
+	case c.Server != nil && (c.Server.Ranks < 1 || c.Server.Ranks > metricsfeed.MaxEngines):
+		return fmt.Errorf("model %q: server %s needs ranks from 1 to %d", name, c.Server.Address, metricsfeed.MaxEngines)
 	case c.MaxNumSeqs < 0, c.SpillThreshold < 0, c.MaxSessions < 0, c.BodyScanBytes < 0:
 		return fmt.Errorf("model %q: max_num_seqs, spill_threshold, max_sessions and body_scan_bytes must not be negative", name)
 	case c.PinSnapshotInterval != nil && *c.PinSnapshotInterval < 0:

@@ -49,7 +49,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"replicas 127.0.0.1:1\n\t\tspill_threshold lots", `spill_threshold: expected auto or a positive integer, got "lots"`},
 		{"replicas 127.0.0.1:1\n\t\taffinity maybe", `affinity: expected on or off, got "maybe"`},
 		{"replicas 127.0.0.1:1\n\t\tmax_num_seqs 0", "max_num_seqs: expected a positive integer"},
-		{"server 127.0.0.1:1 ranks x", `ranks: expected a positive integer, got "x"`},
+		{"server 127.0.0.1:1 ranks x", `ranks: expected an integer from 1 to 256, got "x"`},
 		{"server 127.0.0.1:1", "expected: server <host:port> ranks <n>"},
 		{"replicas localhost", "want host:port"},
 		{"replicas 127.0.0.1:1\n\t\tsession_ttl soon", "session_ttl: expected a positive duration"},

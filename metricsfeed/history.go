@@ -8,9 +8,10 @@ import (
 )
 
 // History keeps, per target and engine, the token counters of recent scrapes
-// in a fixed-size ring, and derives rates from them. Its memory is bounded by
-// the ring capacity times the number of (target, engine) pairs; Forget drops
-// a target. It never reads the clock: callers pass sample and query times.
+// in a ring of bounded size, and derives rates from them. Its memory is
+// bounded by the ring capacity times the number of (target, engine) pairs
+// (at most MaxEngines a target), and grows with the samples kept, not ahead
+// of them; Forget drops a target. It never reads the clock: callers pass sample and query times.
 // Its methods are safe for concurrent use.
 type History struct {
 	capacity int
@@ -100,7 +101,7 @@ func (h *History) Add(target string, at time.Time, s Scrape) {
 		key := Source{Target: target, Engine: e.Engine}
 		ring := h.series[key]
 		if ring == nil {
-			ring = &counterRing{samples: make([]counterSample, 0, h.capacity)}
+			ring = &counterRing{limit: h.capacity}
 			h.series[key] = ring
 		}
 		ring.add(counterSample{at: at, present: e.Present, reportedHitRate: e.ReportedHitRate, counters: [numCounters]float64{
@@ -283,16 +284,20 @@ type counterSample struct {
 
 // counterRing holds the latest samples of one engine, oldest overwritten.
 type counterRing struct {
-	samples []counterSample // grows to cap, then wraps
-	next    int             // index of the oldest sample once full
+	samples []counterSample // grows to limit, then wraps
+	limit   int
+	next    int // index of the oldest sample once full
 }
 
 func (r *counterRing) add(s counterSample) {
 	if n := len(r.samples); n > 0 && !s.at.After(r.nth(n-1).at) {
 		return
 	}
-	if len(r.samples) < cap(r.samples) {
+	if len(r.samples) < r.limit {
 		r.samples = append(r.samples, s)
+		if len(r.samples) == r.limit && cap(r.samples) > r.limit {
+			r.samples = append(make([]counterSample, 0, r.limit), r.samples...) // full: no room past it
+		}
 		return
 	}
 	r.samples[r.next] = s

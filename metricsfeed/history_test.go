@@ -1,7 +1,9 @@
 package metricsfeed
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -233,5 +235,30 @@ func TestHistoryIgnoresOutOfOrderSamples(t *testing.T) {
 	r, _ := h.Rates(t0.Add(2*time.Second), time.Minute, WholeTarget("a"))
 	if !near(r.PromptPerSec, 100) {
 		t.Errorf("prompt rate %v, want 100", r.PromptPerSec)
+	}
+}
+
+// A server listing every rank it may (a garbage /metrics can, under its
+// size limit) costs its history a sample per rank, not an hour's ring each:
+// rings grow with the samples they keep.
+func TestHistoryGrowsWithSamplesNotAhead(t *testing.T) {
+	var body strings.Builder
+	for rank := range MaxEngines {
+		fmt.Fprintf(&body, "vllm:num_requests_running{engine=\"%d\"} 0\n", rank)
+	}
+	s, err := Parse(strings.NewReader(body.String()))
+	if err != nil || len(s.Engines) != MaxEngines {
+		t.Fatalf("%d ranks: %d engines parsed, %v", MaxEngines, len(s.Engines), err)
+	}
+	h := NewHistory(time.Hour, time.Second)
+	h.Add("127.0.0.1:8000", t0, s)
+	h.Add("127.0.0.1:8000", t0.Add(time.Second), s)
+	room := 0
+	for _, ring := range h.series {
+		room += cap(ring.samples)
+	}
+	if len(h.series) != MaxEngines || room > 4*MaxEngines {
+		t.Errorf("two scrapes of %d ranks: %d rings with room for %d samples, want %d rings and room for a few samples each (an hour is %d)",
+			MaxEngines, len(h.series), room, MaxEngines, h.Capacity())
 	}
 }

@@ -347,6 +347,10 @@ func labelValue(m *dto.Metric, name string) string {
 	return ""
 }
 
+// MaxEngines bounds the data-parallel ranks a server may report: a scrape
+// naming a rank past it is garbage, and each rank costs a history ring.
+const MaxEngines = 256
+
 // engineRank reads the engine label; servers without data parallelism (or
 // older ones) omit it, which means rank 0.
 func engineRank(m *dto.Metric) (int, error) {
@@ -355,8 +359,8 @@ func engineRank(m *dto.Metric) (int, error) {
 		return 0, nil
 	}
 	rank, err := strconv.Atoi(raw)
-	if err != nil || rank < 0 {
-		return 0, fmt.Errorf("invalid engine label %q", raw)
+	if err != nil || rank < 0 || rank >= MaxEngines {
+		return 0, fmt.Errorf("invalid engine label %q (ranks 0 to %d)", raw, MaxEngines-1)
 	}
 	return rank, nil
 }

@@ -237,6 +237,7 @@ func TestParseRejects(t *testing.T) {
 		"huge queue":        `vllm:num_requests_running{engine="0"} 1e300` + "\n",
 		"bad engine label":  `vllm:num_requests_running{engine="zero"} 1` + "\n",
 		"negative engine":   `vllm:num_requests_running{engine="-1"} 1` + "\n",
+		"engine past bound": `vllm:num_requests_running{engine="256"} 1` + "\n",
 		"duplicate gauge":   `vllm:num_requests_running{engine="0",model_name="a"} 1` + "\n" + `vllm:num_requests_running{engine="0",model_name="b"} 2` + "\n",
 		"histogram running": "# TYPE vllm:num_requests_running histogram\n" + `vllm:num_requests_running_count{engine="0"} 2` + "\n",
 		"truncated line":    `vllm:num_requests_running{engine="0"`,
