@@ -136,22 +136,37 @@ type inFlight struct {
 	replyMu sync.Mutex
 	reply   *replyend.Scanner
 
-	mu sync.Mutex
-	d  selection.Decision
+	// d is the current try's decision; ended is set when the request ended
+	// (its client may leave while a try is routed, or before Caddy's
+	// retry), after which no decision may be kept.
+	mu    sync.Mutex
+	d     selection.Decision
+	ended bool
 }
 
 func (*inFlight) String() string { return "" }
 
-// set makes d the request's decision and releases the previous try's.
-func (f *inFlight) set(d selection.Decision) { f.swap(d).Release() }
+// set makes d the request's decision and releases the previous try's. It
+// reports false, and releases d at once, when the request has ended.
+func (f *inFlight) set(d selection.Decision) bool {
+	f.mu.Lock()
+	old, ended := f.d, f.ended
+	if !ended {
+		f.d = d
+	}
+	f.mu.Unlock()
+	old.Release()
+	if ended {
+		d.Release()
+	}
+	return !ended
+}
 
-// swap makes d the request's decision and returns the previous one.
-func (f *inFlight) swap(d selection.Decision) selection.Decision {
+// over reports whether the request has ended.
+func (f *inFlight) over() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	old := f.d
-	f.d = d
-	return old
+	return f.ended
 }
 
 // needsUsage reports whether the current decision reads the reply's usage.
@@ -192,7 +207,11 @@ func (f *inFlight) replyRead() selection.Reply {
 // control admits in the room the ticket's end frees sees it.
 func (f *inFlight) release() {
 	reply := f.replyRead()
-	f.swap(selection.Decision{}).End(reply)
+	f.mu.Lock()
+	d := f.d
+	f.d, f.ended = selection.Decision{}, true
+	f.mu.Unlock()
+	d.End(reply)
 	f.ticket.End(time.Now(), reply)
 }
 
@@ -209,8 +228,8 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		caddyhttp.SetVar(ctx, varInFlight, held)
 		caddyhttp.SetVar(ctx, varKeySource, keySources[held.id.Source])
 	}
-	if held.turnedAway {
-		return nil
+	if held.turnedAway || held.over() {
+		return nil // a retry after its client left sends nothing
 	}
 	req := routeRequest(held.id)
 	req.ClientReplica = clientReplica(r, cfg)
@@ -230,7 +249,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,
 		// unless an allowed client chose its rank.
-		held.set(selection.Decision{})
+		if !held.set(selection.Decision{}) {
+			return nil
+		}
 		r.Header.Del(rankKey)
 		caddyhttp.SetVar(ctx, varOutcome, "delegated")
 		u := upstreamFor(pool, cfg.Server.Address)
@@ -240,7 +261,9 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		return u
 	}
 	d := p.view.Pick(req)
-	held.set(d)
+	if !held.set(d) {
+		return nil // its client left while it was routed
+	}
 	rep, ok := d.Replica()
 	if !ok {
 		return nil

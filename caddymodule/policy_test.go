@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -457,6 +458,35 @@ func TestSelectConcurrentRequestsRelease(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// A client may leave while its request is routed, or before Caddy's retry
+// (Caddy waits try_interval on its own context, not the request's): the
+// request's end has run then, so a retry gets no upstream and a decision
+// taken alongside the end is given back at once.
+func TestSelectAfterItsClientLeftKeepsNothing(t *testing.T) {
+	fx := newSelectFixture(t, &ModelConfig{Replicas: []ReplicaConfig{{Address: addrA}, {Address: addrB}}}, nil)
+	pl := pool(addrA, addrB)
+	idle := func() bool { total, _ := fx.inFlight(); return total == 0 }
+	r, cancel := newProxyRequest(t, "X-Claude-Code-Session-Id", "gone")
+	if fx.p.Select(pl, r, nil) == nil {
+		t.Fatal("first try: no upstream")
+	}
+	cancel()
+	waitFor(t, "the request's end", idle)
+	if u := fx.p.Select(pl, r, nil); u != nil {
+		t.Errorf("a retry after its client left went to %s", u.Dial)
+	}
+	if total, by := fx.inFlight(); total != 0 {
+		t.Errorf("a retry after its client left: %d in flight %v", total, by)
+	}
+
+	for i := range 20000 { // the end races each Select; about 1 in 4,000 lost before the fix
+		r, cancel := newProxyRequest(t, "X-Claude-Code-Session-Id", fmt.Sprint("s", i%50))
+		cancel()
+		fx.p.Select(pl, r, nil)
+	}
+	waitFor(t, "every request's end", idle)
 }
 
 // The vars a log or header_up may read: the in-flight record renders as
