@@ -2,6 +2,7 @@ package selection
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -515,5 +516,28 @@ func TestNoRoomPlacesByPromptTokensInFlight(t *testing.T) {
 		if n := s.pending.Load(); n != 0 {
 			t.Fatalf("%s: %d prompt tokens pending after every release", s.ID, n)
 		}
+	}
+}
+
+// A client may announce any Content-Length and send nothing: its prompt
+// counts at most MaxPromptTokens, so the prompts in flight on a replica
+// still add up (four such added up to a negative sum, and the replica
+// looked emptiest).
+func TestForgedBodySizeIsBounded(t *testing.T) {
+	r := newTestRouter(2, Config{MaxNumSeqs: 32})
+	forged := r.EstimateTokens(math.MaxInt64)
+	if forged != MaxPromptTokens {
+		t.Fatalf("a body of 8 EiB: %d tokens, want %d", forged, MaxPromptTokens)
+	}
+	if got := r.EstimateTokens(4000); got != 1000 {
+		t.Errorf("4,000 bytes: %d tokens, want 1,000 at 4 bytes a token", got)
+	}
+	var pending int64
+	for range 4 {
+		d := r.Pick(Request{Key: "forged", PromptTokens: forged, Now: t0})
+		pending = d.rep.pending.Load()
+	}
+	if pending != 4*MaxPromptTokens {
+		t.Errorf("four forged prompts in flight on one replica: %d tokens pending, want %d", pending, 4*MaxPromptTokens)
 	}
 }

@@ -33,11 +33,16 @@ func (v *View) EstimateTokens(bodyBytes int64) int {
 	return tokensOf(bodyBytes, perToken)
 }
 
+// MaxPromptTokens bounds a prompt's size estimated from its body: no
+// model's context is longer, and a forged Content-Length (8 EiB, and no
+// body sent) must not overflow the sums of the prompts in flight.
+const MaxPromptTokens = 1 << 24
+
 func tokensOf(bodyBytes int64, bytesPerToken float64) int {
 	if bodyBytes <= 0 {
 		return 0
 	}
-	return max(1, int(math.Round(float64(bodyBytes)/bytesPerToken)))
+	return int(min(MaxPromptTokens, max(1, math.Round(float64(bodyBytes)/bytesPerToken))))
 }
 
 // BytesPerToken is the request bodies' bytes per prompt token, learned from
