@@ -65,11 +65,13 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 
 // wait holds a queued turn until load control admits it, its client leaves
 // (the turn leaves the queue without a trace) or max_wait passes (the turn
-// is forced through); it reports whether the turn may be sent.
+// is forced through); it reports whether the turn may be sent. max_wait
+// counts the body's upload too, so a client that sends it slowly cannot
+// stretch the wait.
 func (p *Policy) wait(r *http.Request, t *selection.Ticket, ready <-chan struct{}) bool {
-	readBody(r)
 	timer := time.NewTimer(p.view.MaxWait())
 	defer timer.Stop()
+	readBody(r)
 	select {
 	case <-ready:
 		return true

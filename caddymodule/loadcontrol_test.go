@@ -222,6 +222,38 @@ func TestSelectLoadControlForcesAfterMaxWait(t *testing.T) {
 	}
 }
 
+// max_wait counts a waiting turn's upload: a body sent slowly does not
+// stretch the wait by another max_wait.
+func TestSelectLoadControlMaxWaitCountsTheUpload(t *testing.T) {
+	fx := loadControlFixture(t, 0, time.Second)
+	fx.routeResident(t)
+	body, upload := io.Pipe()
+	r, _ := newProxyRequest(t, "X-Claude-Code-Session-Id", "b")
+	r.Body, r.ContentLength = body, -1
+	r.Header.Set("Content-Type", "application/octet-stream") // not read for its prefix before it queues
+	returned := make(chan time.Time, 1)
+	go func() {
+		fx.p.Select(pool(addrA), r, nil)
+		returned <- time.Now()
+	}()
+	waitFor(t, "b queued", func() bool { return fx.admission().Waiting == 1 })
+	time.Sleep(1200 * time.Millisecond) // past max_wait, still uploading
+	_, _ = upload.Write([]byte(`{"messages":[]}`))
+	upload.Close()
+	uploaded := time.Now()
+	select {
+	case at := <-returned:
+		if late := at.Sub(uploaded); late > 500*time.Millisecond {
+			t.Errorf("b sent %v after its upload ended past max_wait, want at once", late)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("b never sent")
+	}
+	if st := fx.admission(); st.Forced != 1 {
+		t.Errorf("admission %+v, want b forced", st)
+	}
+}
+
 // A full queue refuses a turn at once: no upstream, so that Caddy answers
 // 503, with Retry-After of one linger; its retries are refused too without
 // asking again.
