@@ -8,8 +8,8 @@ import (
 )
 
 // maxHeldBodies bounds the request bodies load control holds in memory at
-// once, in the whole process: bodies read for their prompt's prefix and
-// bodies of waiting turns. Without it, max_queue turns of a few MiB each
+// once, in the whole process: bodies read for their prompt's prefix (and
+// their parse while it runs) and bodies of waiting turns. Without it, max_queue turns of a few MiB each
 // could hold gigabytes. Past it a body is not read (or, of unannounced
 // length, only as far as the budget allows): the turn loses only what the
 // read was for, a sample of the shared prefix, or noticing over HTTP/1
@@ -70,4 +70,15 @@ func (b *bodyBudget) read(r *http.Request, limit int64) (data []byte, whole bool
 	whole = err == nil && held < grant
 	replay(r, data, err, whole)
 	return data, whole
+}
+
+// during runs fn with n more bytes of the budget taken, if it has them
+// free, and reports whether it ran fn.
+func (b *bodyBudget) during(n int64, fn func()) bool {
+	if n <= 0 || b.reserve(n, n) == 0 {
+		return false
+	}
+	defer b.used.Add(-n)
+	fn()
+	return true
 }

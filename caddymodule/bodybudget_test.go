@@ -62,7 +62,16 @@ func TestBodyBudget(t *testing.T) {
 	}
 	handedOn("past the limit", r4, first)
 
-	for _, end := range []context.CancelFunc{end1, end2, end3, end4} {
+	ran := false
+	if b.during(1, func() { ran = true }) || ran {
+		t.Error("with the budget all taken, during ran its function")
+	}
+	end3()
+	waitFor(t, "the third request's body given back", func() bool { return b.used.Load() == 600 })
+	if !b.during(400, func() { ran = b.used.Load() == 1000 }) || !ran || b.used.Load() != 600 {
+		t.Errorf("during with 400 bytes free: ran %v, the budget holds %d after, want 600", ran, b.used.Load())
+	}
+	for _, end := range []context.CancelFunc{end1, end2, end4} {
 		end()
 	}
 	waitFor(t, "the ended requests' bodies given back", func() bool { return b.used.Load() == 0 })

@@ -123,7 +123,9 @@ func readPrefix(r *http.Request, body *selection.Body) {
 	data, whole := heldBodies.read(r, maxPrefixBody)
 	*body = requestBody(r)
 	if whole {
-		body.Prefix = promptprefix.Read(data)
+		// A string value as long as the body (no agent sends one, a client
+		// may) grows the parser's buffer to about the body's size again.
+		heldBodies.during(int64(len(data)), func() { body.Prefix = promptprefix.Read(data) })
 	}
 }
 
