@@ -541,3 +541,25 @@ func TestForgedBodySizeIsBounded(t *testing.T) {
 		t.Errorf("four forged prompts in flight on one replica: %d tokens pending, want %d", pending, 4*MaxPromptTokens)
 	}
 }
+
+// A flood of new conversations evicts idle pins, not the pin of a
+// conversation whose request is still running.
+func TestFloodKeepsTheConversationsAtWork(t *testing.T) {
+	r := newTestRouter(2, Config{SessionTTL: time.Hour, MaxSessions: sessionShards * 2})
+	atWork := pick(t, r, "at work")
+	idle := pick(t, r, "idle")
+	idle.Release()
+	for c := range 100_000 {
+		pick(t, r, fmt.Sprintf("flood %d", c)).Release()
+	}
+	if d := r.Pick(Request{Key: "at work", Now: t0}); d.Outcome != Sticky || id(d) != id(atWork) {
+		t.Errorf("after the flood, the conversation at work: %v on %s, want sticky on %s", d.Outcome, id(d), id(atWork))
+	}
+	if d := r.Pick(Request{Key: "idle", Now: t0}); d.Outcome == Sticky {
+		t.Error("after the flood, the idle conversation kept its pin: the flood evicted nothing")
+	}
+	if st := r.Status(); st.Sessions > sessionShards*2 {
+		t.Errorf("%d sessions, bound %d", st.Sessions, sessionShards*2)
+	}
+	atWork.Release()
+}

@@ -108,7 +108,9 @@ func (s *sessionShard) touch(key uint64, now, ttl int64) *session {
 }
 
 // insert pins key to pin, evicting the least recently used entries beyond
-// capacity. It returns the new entry and the number of entries evicted.
+// capacity, though not one with a request in flight while an idle one is
+// left: a flood of new keys must not take the pin of a conversation at
+// work. It returns the new entry and the number of entries evicted.
 func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) (*session, int) {
 	e := &session{key: key, pin: pin, lastSeen: now, placedAt: now, active: true}
 	pin.sessions.Add(1)
@@ -117,7 +119,14 @@ func (s *sessionShard) insert(key uint64, pin *replicaState, now int64) (*sessio
 	s.pushFront(e)
 	evicted := 0
 	for len(s.byKey) > s.capacity && s.tail != nil {
-		s.remove(s.tail)
+		victim := s.tail
+		for victim != e && victim.busy > 0 {
+			victim = victim.prev
+		}
+		if victim == e { // every other entry at work: the bound holds anyway
+			victim = s.tail
+		}
+		s.remove(victim)
 		evicted++
 	}
 	return e, evicted
