@@ -41,7 +41,7 @@ func decodeBatch(payload []byte) ([]event, error) {
 				return nil, err
 			}
 			if key != "events" {
-				if err := d.Skip(); err != nil {
+				if err := skip(d); err != nil {
 					return nil, err
 				}
 				continue
@@ -58,14 +58,14 @@ func decodeBatch(payload []byte) ([]event, error) {
 		if n < 2 {
 			return nil, fmt.Errorf("batch has %d fields, want [ts, events, ...]", n)
 		}
-		if err := d.Skip(); err != nil { // ts
+		if err := skip(d); err != nil { // ts
 			return nil, err
 		}
 		if events, err = decodeEvents(d); err != nil {
 			return nil, err
 		}
 		for range n - 2 {
-			if err := d.Skip(); err != nil {
+			if err := skip(d); err != nil {
 				return nil, err
 			}
 		}
@@ -87,10 +87,14 @@ func decodeEvents(d *msgpack.Decoder) ([]event, error) {
 		return nil, err
 	}
 	var events []event // not sized from n: n comes from the publisher
+	hashes := 0
 	for range n {
 		ev, known, err := decodeEvent(d)
 		if err != nil {
 			return nil, err
+		}
+		if hashes += len(ev.hashes); hashes > maxBatchHashes {
+			return nil, fmt.Errorf("over %d block hashes in one batch", maxBatchHashes)
 		}
 		if known {
 			events = append(events, ev)
@@ -131,7 +135,7 @@ func decodeEvent(d *msgpack.Decoder) (ev event, known bool, err error) {
 			case "medium":
 				medium, err = decodeOptionalString(d)
 			default:
-				err = d.Skip()
+				err = skip(d)
 			}
 			if err != nil {
 				return ev, false, err
@@ -158,7 +162,7 @@ func decodeEvent(d *msgpack.Decoder) (ev event, known bool, err error) {
 			case at.medium:
 				medium, err = decodeOptionalString(d)
 			default:
-				err = d.Skip()
+				err = skip(d)
 			}
 			if err != nil {
 				return ev, false, err
@@ -199,6 +203,11 @@ func decodeOptionalHash(d *msgpack.Decoder) (uint64, error) {
 	return decodeHash(d)
 }
 
+// maxBatchHashes bounds the block hashes of one batch: an engine step stores or evicts at most
+// a few thousand blocks, and a publisher's 4 MiB of one-byte hashes would otherwise take 32 MiB
+// and, under the lock routing waits on, a long time to apply.
+const maxBatchHashes = 1 << 16
+
 func decodeHashes(d *msgpack.Decoder) ([]uint64, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil {
@@ -206,6 +215,9 @@ func decodeHashes(d *msgpack.Decoder) ([]uint64, error) {
 	}
 	if n < 0 {
 		return nil, errors.New("block_hashes is nil")
+	}
+	if n > maxBatchHashes {
+		return nil, fmt.Errorf("%d block hashes in one event, over %d", n, maxBatchHashes)
 	}
 	hashes := []uint64{}
 	for range n {
@@ -244,4 +256,43 @@ func decodeHash(d *msgpack.Decoder) (uint64, error) {
 		return binary.BigEndian.Uint64(last8[:]), nil
 	}
 	return 0, fmt.Errorf("block hash of msgpack type %#x", c)
+}
+
+// maxSkipDepth bounds the nesting of a value skipped. msgpack's own Skip recurses once per
+// level, so a message nested millions of levels deep (MaxMessageBytes hold that many) would
+// overflow the stack, which kills the process; vLLM's fields nest a level or two.
+const maxSkipDepth = 32
+
+// skip reads past the next value, refusing one nested past maxSkipDepth.
+func skip(d *msgpack.Decoder) error { return skipNested(d, 0) }
+
+func skipNested(d *msgpack.Decoder, depth int) error {
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	array := msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+	object := msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+	if !array && !object {
+		return d.Skip() // a scalar, string, binary or extension: no recursion
+	}
+	if depth == maxSkipDepth {
+		return fmt.Errorf("a value nested over %d levels", maxSkipDepth)
+	}
+	var n int
+	if array {
+		n, err = d.DecodeArrayLen()
+	} else {
+		n, err = d.DecodeMapLen()
+		n *= 2 // keys and values
+	}
+	if err != nil {
+		return err
+	}
+	for range n {
+		if err := skipNested(d, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
 }

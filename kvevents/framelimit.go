@@ -14,9 +14,9 @@ import (
 )
 
 // MaxMessageBytes bounds one ZMQ message from a publisher. vLLM's batches are one engine
-// step's cache changes, far below this; zmq4 itself would allocate whatever size a frame
-// header announces.
-const MaxMessageBytes = 16 << 20
+// step's cache changes, at most a few thousand block hashes of 9 bytes, far below this; zmq4
+// itself would allocate whatever size a frame header announces.
+const MaxMessageBytes = 4 << 20
 
 // maxFrames bounds the frames of one message (vLLM sends 3), each of which zmq4 keeps.
 const maxFrames = 16

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -114,6 +115,9 @@ func TestGarbageIsCountedAndSkipped(t *testing.T) {
 		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{map[string]any{"block_hashes": []int{5}}}})}, // no type
 		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{map[string]any{"type": "BlockStored"}}})},    // no hashes
 		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{stored(5), map[string]any{"type": "BlockStored", "block_hashes": []string{"x"}}}})}, // half bad
+		{[]byte(topic), good[1], nested(1000)}, // ts nested 1,000 deep
+		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{stored(make([]uint64, maxBatchHashes+1)...)}})}, // too many hashes
+		{[]byte(topic), good[1], mustMarshal(t, []any{1.0, []any{stored(make([]uint64, maxBatchHashes/2)...), stored(make([]uint64, maxBatchHashes/2+1)...)}})},
 	}
 	for i, m := range bad {
 		if len(m[1]) == 8 {
@@ -129,6 +133,14 @@ func TestGarbageIsCountedAndSkipped(t *testing.T) {
 	if s.Cached([]uint64{1}) != 1 || s.Cached([]uint64{2}) != 1 {
 		t.Fatal("a good batch after garbage must still apply")
 	}
+}
+
+// nested is a batch whose ts is an array nested depth deep, then nil: msgpack's own Skip
+// recursed once per level, and a publisher's 4 MiB of it overflowed the stack.
+func nested(depth int) []byte {
+	b := []byte{0x93} // [ts, events, rank]
+	b = append(b, strings.Repeat("\x91", depth)...)
+	return append(b, 0xc0, 0x90, 0x00) // nil]]], [], 0
 }
 
 func mustMarshal(t *testing.T, v any) []byte {
@@ -310,6 +322,48 @@ func TestAPeerThatHangsUpIsRetriedCalmly(t *testing.T) {
 			}
 			accepted.Add(1)
 			c.Close()
+		}
+	}()
+	s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	closeWithin(t, s, 2*time.Second, "Close hung")
+	if n := accepted.Load(); n < 2 || n > 5 {
+		t.Fatalf("%d connections in 2.5 s, want about one a second", n)
+	}
+}
+
+// A peer that completes ZMQ's handshake and then hangs up is dialled again about once a
+// second, not in a loop as fast as it answers.
+func TestAPeerThatHangsUpAfterItsHandshakeIsRetriedCalmly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	greeting := make([]byte, 64) // ZMTP 3.0, NULL mechanism, as a server
+	greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
+	copy(greeting[12:], "NULL")
+	ready := "\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"
+	handshake := append(greeting, append([]byte{0x04, byte(len(ready))}, ready...)...)
+	var accepted atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer c.Close()
+				theirs := make([]byte, 64)
+				if _, err := io.ReadFull(c, theirs); err == nil {
+					_, _ = c.Write(handshake)
+					_, _ = io.ReadFull(c, theirs[:2]) // their READY's header, then hang up
+				}
+			}()
 		}
 	}()
 	s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})

@@ -135,20 +135,31 @@ func (s *Subscriber) run(ctx context.Context, endpoint string, lost <-chan struc
 				return
 			}
 		}
+		connected := time.Now()
 		select {
 		case <-ctx.Done():
 			<-received
 			return
-		case <-lost: // the connection dropped: dial again
+		case <-lost: // the connection dropped: dial again, at once unless it had just begun
+		}
+		if time.Since(connected) < time.Second && !wait(time.Second) {
+			return
 		}
 	}
 }
 
-// handle applies one message: [topic, 8-byte big-endian sequence, msgpack KVEventBatch].
+// handle applies one message: [topic, 8-byte big-endian sequence, msgpack KVEventBatch]. It
+// decodes the batch before it takes the lock that routing's Mark and Tail wait on.
 func (s *Subscriber) handle(frames [][]byte) {
+	wellFramed := len(frames) == 3 && string(frames[0]) == s.topic && len(frames[1]) == 8
+	var events []event
+	var err error
+	if wellFramed {
+		events, err = decodeBatch(frames[2])
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(frames) != 3 || string(frames[0]) != s.topic || len(frames[1]) != 8 {
+	if !wellFramed {
 		s.stats.Garbage++
 		return
 	}
@@ -163,7 +174,6 @@ func (s *Subscriber) handle(frames [][]byte) {
 		s.stats.Gaps++
 	}
 	s.started, s.lastSeq = true, seq
-	events, err := decodeBatch(frames[2])
 	if err != nil {
 		s.stats.Garbage++
 		return
