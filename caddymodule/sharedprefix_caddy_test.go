@@ -1,10 +1,12 @@
 package caddymodule_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
@@ -45,7 +47,7 @@ func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 	if shared < 2000-32 || shared > 2000+32 {
 		t.Errorf("shared prefix %d tokens, want about 2,000 (the system prompt)", shared)
 	}
-	st := f.status(t)
+	st := repliesRead(t, f, 5)
 	prompts := int(st.LoadControl.Replies.NonResident.PromptTokens)
 	if r := st.Replicas[0]; r.Residents != 5 || r.ResidentTokens != prompts-4*shared {
 		t.Errorf("%d residents holding %d tokens, want 5 holding %d (their prompts %d, the shared prefix once)",
@@ -82,7 +84,7 @@ func TestSharedPrefixReadFromRequestsThroughCaddy(t *testing.T) {
 			*st.LoadControl.SharedPrefixTokens, st.LoadControl.SharedPrefixSource)
 	}
 	reply(t, f, "/v1/messages", "echo", body("echo"))
-	st := f.status(t)
+	st := repliesRead(t, f, 5)
 	if st.LoadControl.Replies.CacheReported != 0 {
 		t.Fatalf("%d replies reported their cached part, want none", st.LoadControl.Replies.CacheReported)
 	}
@@ -100,4 +102,17 @@ func TestSharedPrefixReadFromRequestsThroughCaddy(t *testing.T) {
 		t.Errorf("%d residents holding %d tokens, want 5 holding about %d (their prompts %d, the shared prefix once)",
 			r.Residents, r.ResidentTokens, prompts-4**shared, prompts)
 	}
+}
+
+// repliesRead waits until warden_stop_reason has read n replies and returns
+// the status then: a reply's end reaches load control after its client read
+// it, when Caddy's handler returns.
+func repliesRead(t *testing.T, f *fleet, n uint64) caddymodule.ModelStatus {
+	t.Helper()
+	var st caddymodule.ModelStatus
+	testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d replies read", n), func() bool {
+		st = f.status(t)
+		return st.LoadControl.Replies.Read >= n
+	})
+	return st
 }
