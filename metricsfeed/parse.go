@@ -109,6 +109,11 @@ const kvUsageSlack = 1e-6
 // converting them to int would not be meaningful.
 const maxQueueLength = 1 << 30
 
+// maxCounter bounds a token or request counter: 2^53 tokens take centuries
+// to serve, and the sums of increases over an hour's samples of values near
+// float64's limit overflow to infinity, which JSON cannot carry.
+const maxCounter = 1 << 53
+
 type seriesKind int
 
 const (
@@ -150,8 +155,8 @@ func queueLength(field func(*EngineStats) *int) setter {
 func accumulate(field func(*EngineStats) *float64) setter {
 	return func(e *EngineStats, v float64) error {
 		sum := *field(e) + v
-		if math.IsInf(sum, 0) {
-			return errors.New("counter sum overflows")
+		if sum > maxCounter {
+			return fmt.Errorf("implausible counter %g", sum)
 		}
 		*field(e) = sum
 		return nil
