@@ -236,13 +236,13 @@ func (s *Store) args(hex string, extra ...any) ([]string, []any) {
 func (s *Store) Claim(key uint64, replica string) (pinned string, ok bool) {
 	hex := hexKey(key)
 	keys, args := s.args(hex, replica, s.channel)
-	var res []any
-	err := s.call("claim", s.cfg.Timeout, func(ctx context.Context) (err error) {
-		res, err = claimScript.Run(ctx, s.rdb, keys, args...).Slice()
+	var code int64
+	err := s.call("claim", s.cfg.Timeout, func(ctx context.Context) error {
+		var err error
+		code, pinned, err = scriptReply(claimScript.Run(ctx, s.rdb, keys, args...).Slice())
 		return err
 	})
-	code, pinned, ok := s.reply(res, err)
-	if !ok {
+	if err != nil {
 		return "", false
 	}
 	if code == 1 {
@@ -265,18 +265,18 @@ func (s *Store) Repin(key uint64, from, to string) (pinned string, ok bool) {
 	}
 	s.own[key] = ownRepin{to, time.Now()}
 	s.ownMu.Unlock()
-	var res []any
-	err := s.call("repin", s.cfg.Timeout, func(ctx context.Context) (err error) {
-		res, err = repinScript.Run(ctx, s.rdb, keys, args...).Slice()
+	var code int64
+	err := s.call("repin", s.cfg.Timeout, func(ctx context.Context) error {
+		var err error
+		code, pinned, err = scriptReply(repinScript.Run(ctx, s.rdb, keys, args...).Slice())
 		return err
 	})
-	code, pinned, ok := s.reply(res, err)
-	if code != 1 {
+	if err != nil || code != 1 {
 		s.ownMu.Lock()
 		delete(s.own, key)
 		s.ownMu.Unlock()
 	}
-	if !ok {
+	if err != nil {
 		return "", false
 	}
 	if code == 1 {
@@ -287,21 +287,25 @@ func (s *Store) Repin(key uint64, from, to string) (pinned string, ok bool) {
 	return pinned, true
 }
 
-// reply decodes a script's {code, replica}.
-func (s *Store) reply(res []any, err error) (code int64, replica string, ok bool) {
+// errUnexpectedReply is a script reply other than {code, replica}: the
+// server on the address is not the Redis the store expects. It counts as a
+// failed call, so that the breaker opens instead of every request paying
+// the round trip for nothing.
+var errUnexpectedReply = errors.New("unexpected script reply")
+
+// scriptReply decodes a script's {code, replica}, or passes err on.
+func scriptReply(res []any, err error) (code int64, replica string, _ error) {
 	if err != nil {
-		return -1, "", false
+		return -1, "", err
 	}
 	if len(res) == 2 {
 		code, ok1 := res[0].(int64)
 		replica, ok2 := res[1].(string)
 		if ok1 && ok2 {
-			return code, replica, true
+			return code, replica, nil
 		}
 	}
-	s.stat.errors.Add(1)
-	s.log.Error("pin store: unexpected script reply", zap.Any("reply", res))
-	return -1, "", false
+	return -1, "", fmt.Errorf("%w of %d values", errUnexpectedReply, len(res))
 }
 
 // call runs one round trip f, bounded by timeout, through the breaker, and

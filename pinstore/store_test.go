@@ -1,9 +1,11 @@
 package pinstore
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -298,6 +300,79 @@ func TestTimeoutOpensBreaker(t *testing.T) {
 	}
 	if d := time.Since(start); d > 10*time.Millisecond {
 		t.Fatalf("repin with the breaker open took %v", d)
+	}
+}
+
+// A server on the address that answers the scripts with something other
+// than {code, replica} (not the Redis the store expects) counts as failing:
+// the breaker opens, so that requests stop paying its round trips.
+func TestUnexpectedRepliesOpenBreaker(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go answerScriptsWrongly(c)
+		}
+	}()
+	s := open(t, ln.Addr().String(), nil)
+	for i := range errorsToOpen {
+		if _, ok := s.Claim(uint64(i), "a"); ok {
+			t.Fatal("a claim answered {1, 2} was taken")
+		}
+	}
+	if st := s.Status(); st.Up || st.Errors != errorsToOpen || !strings.Contains(st.LastError, "unexpected script reply") {
+		t.Fatalf("after %d replies of the wrong shape: status %+v, want down", errorsToOpen, st)
+	}
+	if _, ok := s.Claim(9, "a"); ok || s.Status().Skipped != 1 {
+		t.Fatalf("with the breaker open, a claim was sent: status %+v", s.Status())
+	}
+}
+
+// answerScriptsWrongly speaks just enough RESP for go-redis: HELLO is
+// unknown (so it falls back to RESP2), a script gets the array {1, 2},
+// anything else OK.
+func answerScriptsWrongly(c net.Conn) {
+	defer c.Close()
+	rd := bufio.NewReader(c)
+	for {
+		header, err := rd.ReadString('\n')
+		if err != nil || !strings.HasPrefix(header, "*") {
+			return
+		}
+		var n int
+		fmt.Sscanf(header, "*%d", &n)
+		var args []string
+		for range n {
+			line, err := rd.ReadString('\n')
+			size := -1
+			if _, scanErr := fmt.Sscanf(line, "$%d", &size); err != nil || scanErr != nil || size < 0 {
+				return
+			}
+			arg := make([]byte, size+2)
+			if _, err := io.ReadFull(rd, arg); err != nil {
+				return
+			}
+			args = append(args, strings.ToUpper(string(arg[:size])))
+		}
+		answer := "+OK\r\n"
+		switch {
+		case len(args) == 0:
+			return
+		case args[0] == "HELLO":
+			answer = "-ERR unknown command 'HELLO'\r\n"
+		case args[0] == "EVALSHA" || args[0] == "EVAL":
+			answer = "*2\r\n:1\r\n:2\r\n"
+		}
+		if _, err := c.Write([]byte(answer)); err != nil {
+			return
+		}
 	}
 }
 

@@ -137,7 +137,11 @@ func (s *Store) sync(local Local, since time.Time) time.Time {
 // also sets the marker key and reports whether it was missing).
 func (s *Store) refresh(local Local, pins []Pin, checkMarker bool) (lost bool, err error) {
 	var marker *redis.BoolCmd
-	cmds := make([]*redis.Cmd, len(pins))
+	type reply struct {
+		code    int64
+		replica string
+	}
+	replies := make([]reply, len(pins))
 	timeout := max(minSyncTimeout, s.cfg.Timeout)
 	err = s.call("sync", timeout, func(ctx context.Context) error {
 		pipe := s.rdb.Pipeline()
@@ -149,6 +153,7 @@ func (s *Store) refresh(local Local, pins []Pin, checkMarker bool) (lost bool, e
 		if checkMarker {
 			marker = pipe.SetNX(ctx, s.marker, "1", 0)
 		}
+		cmds := make([]*redis.Cmd, len(pins))
 		for i, p := range pins {
 			keys, args := s.args(hexKey(p.Key), p.Replica)
 			cmds[i] = pipe.EvalSha(ctx, syncScript.Hash(), keys, args...)
@@ -156,21 +161,27 @@ func (s *Store) refresh(local Local, pins []Pin, checkMarker bool) (lost bool, e
 		if pipe.Len() == 0 {
 			return nil
 		}
-		_, err := pipe.Exec(ctx)
-		return err
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		for i, c := range cmds {
+			var err error
+			if replies[i].code, replies[i].replica, err = scriptReply(c.Slice()); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return false, err
 	}
-	for i, c := range cmds {
-		code, replica, ok := s.reply(c.Slice())
+	for i, r := range replies {
 		switch {
-		case !ok:
-		case code == syncDiffers && replica != pins[i].Replica:
-			if local.Adopt(pins[i].Key, replica) {
+		case r.code == syncDiffers && r.replica != pins[i].Replica:
+			if local.Adopt(pins[i].Key, r.replica) {
 				s.stat.adopted.Add(1)
 			}
-		case code == syncReclaimed:
+		case r.code == syncReclaimed:
 			s.stat.reclaimed.Add(1)
 		}
 	}
