@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -109,7 +110,7 @@ func setSpillThreshold(w http.ResponseWriter, r *http.Request) error {
 // by asking the admin endpoint that received r, then answers with the
 // model's panel under the new config.
 func setModelOption(w http.ResponseWriter, r *http.Request, model, option string, value any) error {
-	if err := postConfig(r, "/config/apps/warden/models/"+url.PathEscape(model)+"/"+option, value); err != nil {
+	if err := changeModelOption(r, model, option, value); err != nil {
 		return err
 	}
 	l, ok := appliedModel(model)
@@ -119,23 +120,60 @@ func setModelOption(w http.ResponseWriter, r *http.Request, model, option string
 	return writeJSON(w, l.status(time.Now()))
 }
 
-// postConfig POSTs value to path on the admin endpoint r came in on, with
-// r's Host and Origin, which that endpoint has already accepted.
-func postConfig(r *http.Request, path string, value any) error {
+// changeModelOption sets one option of a model in the config. A config
+// path cannot name a key with a "/" in it (Caddy splits the unescaped
+// path), so a model named as Hugging Face names them (org/name) has its
+// models object rewritten whole, provided it did not change since it was
+// read.
+func changeModelOption(r *http.Request, model, option string, value any) error {
+	if !strings.Contains(model, "/") {
+		_, _, err := configRequest(r, http.MethodPost, "/config/apps/warden/models/"+url.PathEscape(model)+"/"+option, value, "")
+		return err
+	}
+	const path = "/config/apps/warden/models"
+	current, etag, err := configRequest(r, http.MethodGet, path, nil, "")
+	if err != nil {
+		return err
+	}
+	var models map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(current, &models); err != nil || models[model] == nil {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("model %q is not in %s", model, path)}
+	}
+	if models[model][option], err = json.Marshal(value); err != nil {
+		return err
+	}
+	_, _, err = configRequest(r, http.MethodPatch, path, models, etag)
+	return err
+}
+
+// configRequest sends a request to path on the admin endpoint r came in
+// on, with r's Host and Origin, which that endpoint has already accepted:
+// value as its JSON body (none when nil), and ifMatch, when set, as its
+// If-Match. It returns the answer's body and ETag.
+func configRequest(r *http.Request, method, path string, value any, ifMatch string) (reply []byte, etag string, _ error) {
 	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 	if !ok || r.TLS != nil {
-		return caddy.APIError{HTTPStatus: http.StatusNotImplemented,
+		return nil, "", caddy.APIError{HTTPStatus: http.StatusNotImplemented,
 			Err: fmt.Errorf("on this admin endpoint, change the setting with POST or PATCH %s", path)}
 	}
-	body, err := json.Marshal(value)
-	if err != nil {
-		return err
+	var body io.Reader = http.NoBody
+	if value != nil {
+		data, err := json.Marshal(value)
+		if err != nil {
+			return nil, "", err
+		}
+		body = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+r.Host+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(r.Context(), method, "http://"+r.Host+path, body)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if value != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if ifMatch != "" {
+		req.Header.Set("If-Match", ifMatch)
+	}
 	if origin := r.Header.Get("Origin"); origin != "" {
 		req.Header.Set("Origin", origin)
 	}
@@ -149,10 +187,13 @@ func postConfig(r *http.Request, path string, value any) error {
 	defer client.CloseIdleConnections()
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("changing %s through the config API: %v", path, err)
+		return nil, "", fmt.Errorf("changing %s through the config API: %v", path, err)
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	msg, err := io.ReadAll(io.LimitReader(resp.Body, maxConfigReply+1))
+	if err == nil && len(msg) > maxConfigReply {
+		err = fmt.Errorf("over %d bytes", maxConfigReply)
+	}
 	if resp.StatusCode >= 300 {
 		var apiErr struct {
 			Error string `json:"error"`
@@ -160,10 +201,17 @@ func postConfig(r *http.Request, path string, value any) error {
 		if json.Unmarshal(msg, &apiErr) != nil || apiErr.Error == "" {
 			apiErr.Error = string(bytes.TrimSpace(msg))
 		}
-		return caddy.APIError{HTTPStatus: resp.StatusCode, Err: fmt.Errorf("changing %s: %s", path, apiErr.Error)}
+		return nil, "", caddy.APIError{HTTPStatus: resp.StatusCode, Err: fmt.Errorf("changing %s: %s", path, apiErr.Error)}
 	}
-	return nil
+	if err != nil {
+		return nil, "", fmt.Errorf("reading %s through the config API: %v", path, err)
+	}
+	return msg, resp.Header.Get("Etag"), nil
 }
+
+// maxConfigReply bounds what is read of a config API answer: the models
+// object of a config, or an error.
+const maxConfigReply = 4 << 20
 
 func modelOf(r *http.Request) (*modelLoad, error) {
 	name := r.PathValue("model")

@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
+	"github.com/lmwarden/caddy-warden/internal/caddyproc"
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
@@ -179,6 +182,64 @@ func TestRuntimeTogglesAreConfig(t *testing.T) {
 	}
 	if err := f.caddy.Do(http.MethodGet, "/warden/models/nope", nil, nil); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("GET unknown model: %v, want 404", err)
+	}
+}
+
+// A model named as Hugging Face names them (org/name), which a config path
+// cannot address: the admin shortcuts still change its options, in the
+// config, and leave the other models alone.
+func TestRuntimeTogglesOfAModelNamedWithASlash(t *testing.T) {
+	backend := startFakeVLLM(t, "a", 1)
+	ports := testnet.Addrs(t, 2)
+	caddyfile := fmt.Sprintf(`{
+	admin %s
+	default_bind 127.0.0.1
+	warden {
+		model Qwen/Qwen3-4B {
+			replicas %s
+		}
+		model other {
+			replicas %s
+		}
+	}
+}
+http://%s {
+	reverse_proxy %s {
+		lb_policy warden Qwen/Qwen3-4B
+	}
+}
+`, ports[0], backend.addr, backend.addr, ports[1], backend.addr)
+	log := &syncBuffer{}
+	p, err := caddyproc.Start(caddyBin, caddyfile, ports[0], log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	t.Cleanup(func() { _ = p.Stop() })
+	var before map[string]json.RawMessage
+	if err := p.Do(http.MethodGet, "/config/apps/warden/models", nil, &before); err != nil {
+		t.Fatal(err)
+	}
+	var st caddymodule.ModelStatus
+	if err := p.Do(http.MethodPost, "/warden/models/Qwen%2FQwen3-4B/affinity", map[string]bool{"enabled": false}, &st); err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if err := p.Do(http.MethodPost, "/warden/models/Qwen%2FQwen3-4B/spill_threshold", map[string]int{"value": 5}, &st); err != nil {
+		t.Fatal(err)
+	}
+	var after map[string]json.RawMessage
+	if err := p.Do(http.MethodGet, "/config/apps/warden/models", nil, &after); err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Affinity       *bool `json:"affinity"`
+		SpillThreshold int   `json:"spill_threshold"`
+	}
+	if err := json.Unmarshal(after["Qwen/Qwen3-4B"], &m); err != nil || m.Affinity == nil || *m.Affinity || m.SpillThreshold != 5 || st.Affinity || st.SpillThreshold != 5 {
+		t.Errorf("after the shortcuts: config %s, panel affinity %v threshold %d; want affinity off and threshold 5",
+			after["Qwen/Qwen3-4B"], st.Affinity, st.SpillThreshold)
+	}
+	if string(after["other"]) != string(before["other"]) {
+		t.Errorf("the other model changed: %s, was %s", after["other"], before["other"])
 	}
 }
 
