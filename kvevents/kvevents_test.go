@@ -305,75 +305,58 @@ func closeWithin(t *testing.T, s *Subscriber, d time.Duration, msg string) {
 	}
 }
 
-// A peer that accepts and hangs up at once (a proxy whose backend is down) is dialled about
-// once a second, not in a loop as fast as it answers, and leaves no connection open.
+// A peer that hangs up, at once (a proxy whose backend is down) or once it has completed ZMQ's
+// handshake, is dialled about once a second, not in a loop as fast as it answers, and leaves no
+// connection open.
 func TestAPeerThatHangsUpIsRetriedCalmly(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var accepted atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			c.Close()
-		}
-	}()
-	s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(2500 * time.Millisecond)
-	closeWithin(t, s, 2*time.Second, "Close hung")
-	if n := accepted.Load(); n < 2 || n > 5 {
-		t.Fatalf("%d connections in 2.5 s, want about one a second", n)
-	}
-}
-
-// A peer that completes ZMQ's handshake and then hangs up is dialled again about once a
-// second, not in a loop as fast as it answers.
-func TestAPeerThatHangsUpAfterItsHandshakeIsRetriedCalmly(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	greeting := make([]byte, 64) // ZMTP 3.0, NULL mechanism, as a server
 	greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
 	copy(greeting[12:], "NULL")
 	ready := "\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"
 	handshake := append(greeting, append([]byte{0x04, byte(len(ready))}, ready...)...)
-	var accepted atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	for _, peer := range []struct {
+		name  string
+		serve func(net.Conn)
+	}{
+		{"at once", func(net.Conn) {}},
+		{"after its handshake", func(c net.Conn) {
+			theirs := make([]byte, 64)
+			if _, err := io.ReadFull(c, theirs); err == nil {
+				_, _ = c.Write(handshake)
+				_, _ = io.ReadFull(c, theirs[:2]) // their READY's header
 			}
-			accepted.Add(1)
+		}},
+	} {
+		t.Run(peer.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			var accepted atomic.Int64
 			go func() {
-				defer c.Close()
-				theirs := make([]byte, 64)
-				if _, err := io.ReadFull(c, theirs); err == nil {
-					_, _ = c.Write(handshake)
-					_, _ = io.ReadFull(c, theirs[:2]) // their READY's header, then hang up
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					accepted.Add(1)
+					go func() {
+						defer c.Close()
+						peer.serve(c)
+					}()
 				}
 			}()
-		}
-	}()
-	s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(2500 * time.Millisecond)
-	closeWithin(t, s, 2*time.Second, "Close hung")
-	if n := accepted.Load(); n < 2 || n > 5 {
-		t.Fatalf("%d connections in 2.5 s, want about one a second", n)
+			s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2500 * time.Millisecond)
+			closeWithin(t, s, 2*time.Second, "Close hung")
+			if n := accepted.Load(); n < 2 || n > 5 {
+				t.Fatalf("%d connections in 2.5 s, want about one a second", n)
+			}
+		})
 	}
 }
 
