@@ -250,6 +250,7 @@ func (m *model) Destruct() error {
 		cancel()
 		<-done
 	}
+	m.fleet.Stop()
 	m.transport.CloseIdleConnections()
 	return nil
 }

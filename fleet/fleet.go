@@ -129,6 +129,10 @@ func (m *Model) reportChange(addr string) func(old, new health.State) {
 	return func(old, new health.State) { m.onChange(addr, old, new) }
 }
 
+// Stop lets the turns load control holds go at once: the model left the
+// config, and no sweep will admit them any more.
+func (m *Model) Stop() { m.router.ReleaseWaiting() }
+
 // Applied is the plan in force, nil before the first Apply.
 func (m *Model) Applied() *Plan {
 	m.mu.Lock()

@@ -369,13 +369,28 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 }
 
 // Cancel takes a waiting turn out of the queue (its client went away) and
-// reports whether it was waiting; an admitted turn is ended as by Done.
+// reports whether it was waiting. An admitted turn is ended as by Done,
+// except one admitted as its client left, alone to hold the residency of a
+// conversation not resident before it: never sent, it ends that residency
+// at once.
 func (t *Ticket) Cancel(now time.Time) bool {
 	if t == nil {
 		return false
 	}
 	g := t.view.router.gate
 	g.mu.Lock()
+	if t.state == Admitted && t.res.running == 1 && !t.resident {
+		// Admitted as its client left, it was never sent: its conversation,
+		// not resident before it, keeps no room.
+		t.state = Gone
+		t.res.running--
+		g.drop(t.res)
+		g.cancelled++
+		notify := t.view.expire(now.UnixNano())
+		g.mu.Unlock()
+		runAll(notify)
+		return false
+	}
 	if t.state != Waiting {
 		g.mu.Unlock()
 		t.Done(now)
@@ -419,6 +434,25 @@ func (t *Ticket) Force(now time.Time) bool {
 	}
 	g.admit(t, rep)
 	return true
+}
+
+// ReleaseWaiting lets every waiting turn go at once, unadmitted, as if it
+// had never been held: load control no longer holds turns (a reload
+// turned it off, or its model left the config), and nothing would admit
+// them before max_wait.
+func (r *Router) ReleaseWaiting() {
+	g := r.gate
+	g.mu.Lock()
+	var notify []func()
+	for _, t := range g.queue {
+		t.state = Gone
+		if t.ready != nil {
+			notify = append(notify, t.ready)
+		}
+	}
+	g.queue = nil
+	g.mu.Unlock()
+	runAll(notify)
 }
 
 // MaxWait is how long a turn may wait before the caller forces it.
@@ -538,11 +572,14 @@ func (v *View) expire(now int64) []func() {
 func (v *View) admitQueued(now int64) []func() {
 	g := v.router.gate
 	var notify []func()
+	headBlocked := false
 	for i := 0; i < len(g.queue); {
 		t := g.queue[i]
 		t.estimate()
 		switch {
-		case t.view.admitOne(t, now, i == 0):
+		case headBlocked && !g.admitResident(t):
+			i++ // the head waits for room: only a turn of a resident conversation, which takes none, passes it
+		case headBlocked || t.view.admitOne(t, now, i == 0):
 			g.queue = append(g.queue[:i], g.queue[i+1:]...)
 			if t.ready != nil {
 				notify = append(notify, t.ready)
@@ -550,10 +587,21 @@ func (v *View) admitQueued(now int64) []func() {
 		case i > 0 || t.view.staggeredOnly(t):
 			i++
 		default:
-			return notify
+			headBlocked = true
+			i++
 		}
 	}
 	return notify
+}
+
+// admitResident admits t (g.mu held) to the replica its conversation is
+// resident on, if it is: another of its turns was admitted meanwhile.
+func (g *gate) admitResident(t *Ticket) bool {
+	res := g.residents[t.key]
+	if res != nil {
+		g.admit(t, res.rep)
+	}
+	return res != nil
 }
 
 // admitOne admits t (g.mu held) to the replica its conversation is resident
@@ -562,8 +610,7 @@ func (v *View) admitQueued(now int64) []func() {
 // newcomer now, moving the pin there.
 func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	r := v.router
-	if res := r.gate.residents[t.key]; res != nil { // another of its turns was admitted meanwhile
-		r.gate.admit(t, res.rep)
+	if r.gate.admitResident(t) {
 		return true
 	}
 	pin := r.pinOf(t.key, now, int64(v.cfg.SessionTTL))
@@ -574,8 +621,9 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	if !newcomer {
 		return false
 	}
+	healthy := v.anyHealthy(t.usable)
 	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool {
-		return v.mayTakeNewcomer(s, now) && v.hasRoom(s, t.tokens)
+		return v.mayTakeNewcomer(s, now) && v.takes(s, t.tokens, healthy)
 	})
 	if s == nil {
 		return false
@@ -585,6 +633,24 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	r.gate.admit(t, s)
 	r.settle(t.key, s, now)
 	return true
+}
+
+// takes reports whether s may take a new conversation's turn of tokens: it
+// has room, and it is healthy unless no replica is (anyHealthy). Health
+// read from /metrics may be wrong everywhere, and without load control
+// those turns would be sent anyway.
+func (v *View) takes(s *replicaState, tokens int, anyHealthy bool) bool {
+	return (s.healthy.Load() || !anyHealthy) && v.hasRoom(s, tokens)
+}
+
+// anyHealthy reports whether a usable replica is healthy.
+func (v *View) anyHealthy(usable func(string) bool) bool {
+	for _, s := range v.replicas {
+		if s.healthy.Load() && usableBy(usable, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // settle pins key to s, where load control admitted it: a new conversation
@@ -611,7 +677,7 @@ func (v *View) hasRoom(s *replicaState, tokens int) bool {
 	}
 	capacity := v.cfg.Admission.CapacityTokens
 	if capacity <= 0 {
-		capacity = s.load.Load().KVTokens
+		capacity = int(s.kvTokens.Load())
 	}
 	if capacity <= 0 {
 		return true // unknown capacity: no control rather than none served

@@ -310,3 +310,109 @@ func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 		t.Fatalf("%d resident holding %d tokens, want b (120)", got.Residents, got.ResidentTokens)
 	}
 }
+
+// A new conversation is admitted to a healthy replica only, while one is
+// healthy: an unhealthy one has room only because nothing is sent there,
+// and Pick would move its turns onto the full healthy one. A failed scrape
+// leaves the replica's cache its size. With every replica unhealthy, turns
+// go as they would without load control.
+func TestAdmissionPlacesOnHealthyReplicas(t *testing.T) {
+	r := newTestRouter(2, Config{Admission: AdmissionConfig{Enabled: true, Fill: 1, MinResidents: 1, Linger: 10 * time.Second}})
+	for _, rep := range r.Replicas() {
+		r.SetLoad(rep.ID, Load{Known: true, KVTokens: 100})
+	}
+	a := r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	home := id(pick(t, r, "a"))
+	var other string
+	for _, rep := range r.Replicas() {
+		if rep.ID != home {
+			other = rep.ID
+		}
+	}
+	r.SetLoad(other, Load{}) // a failed scrape: load unknown, the cache still 100 tokens
+	b := r.Admit(HashKey("b"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	c := r.Admit(HashKey("c"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	mustState(t, b, Admitted) // on other
+	mustState(t, c, Waiting)  // other's 100 tokens are full too
+	b.Done(t0)
+	r.SetHealthy(other, false)
+	r.Sweep(t0.Add(11 * time.Second)) // b's residency expires: other has room, but is down
+	mustState(t, c, Waiting)
+	r.SetHealthy(home, false) // none healthy: the turn goes
+	r.Sweep(t0.Add(12 * time.Second))
+	mustState(t, c, Admitted)
+	a.Done(t0)
+}
+
+// A pin moved by the shared pin table moves the conversation's residency
+// with it: its turns go there now.
+func TestAdmissionFollowsAnAdoptedPin(t *testing.T) {
+	r := admissionRouter(0)
+	a := r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	home := id(pick(t, r, "a"))
+	a.Done(t0)
+	for _, rep := range r.Replicas() {
+		if rep.ID != home && !r.Adopt(HashKey("a"), rep.ID, t0) {
+			t.Fatal("adopting a's pin on the other replica failed")
+		}
+	}
+	again := r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0.Add(time.Second), nil)
+	mustState(t, again, Admitted)
+	d := r.Pick(Request{Key: "a", Now: t0.Add(time.Second)})
+	for _, rs := range r.Status().Replicas {
+		if want := rs.ID == id(d); (rs.Residents == 1) != want {
+			t.Errorf("a's turn runs on %s; %s holds %d residents", id(d), rs.ID, rs.Residents)
+		}
+	}
+}
+
+// A reload that turns load control off lets the waiting turns go at the
+// next sweep: nothing would admit them before max_wait.
+func TestAdmissionTurnedOffReleasesTheWaiting(t *testing.T) {
+	r := admissionRouter(0)
+	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	woke := false
+	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { woke = true })
+	mustState(t, c, Waiting)
+	r.reload(Config{Affinity: true}, servers(2))
+	r.Sweep(t0.Add(time.Second))
+	if !woke || c.State() == Waiting || r.Status().Admission.Waiting != 0 {
+		t.Errorf("a sweep after load control was turned off: woke %v, state %d, status %+v", woke, c.State(), r.Status().Admission)
+	}
+	c.Done(t0) // the turn's end, as the proxy calls it: nothing to end
+}
+
+// A turn admitted as its client left was never sent: the conversation it
+// brought keeps no room, and the next waiting turn goes in at once.
+func TestAdmissionCancelledAsAdmittedLeavesNoResidency(t *testing.T) {
+	r := admissionRouter(0)
+	a := r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	d := r.Admit(HashKey("d"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	a.End(t0, Reply{TaskEnded: true}) // a leaves: c is admitted
+	mustState(t, c, Admitted)
+	c.Cancel(t0) // its client left at that instant
+	mustState(t, d, Admitted)
+	if st := r.Status().Admission; st.Cancelled != 1 {
+		t.Errorf("status %+v, want c counted cancelled", st)
+	}
+}
+
+// While the queue's head waits for room, a turn of a conversation that
+// became resident meanwhile (another of its turns was let in) passes it:
+// it takes no room, and a later turn of the same conversation would be
+// admitted at once.
+func TestAdmissionResidentTurnsPassABlockedHead(t *testing.T) {
+	r := admissionRouter(0)
+	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	head := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	d1 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	d2 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	d2.Force(t0.Add(time.Minute)) // d is resident now
+	r.Sweep(t0.Add(time.Minute))
+	mustState(t, head, Waiting)
+	mustState(t, d1, Admitted)
+}

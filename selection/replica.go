@@ -62,6 +62,9 @@ type replicaState struct {
 	sessions atomic.Int64 // pinned sessions in the table
 	active   atomic.Int64 // of those, used within the active window
 	load     atomic.Pointer[Load]
+	// kvTokens is the KV cache's size the last scrape that told it gave:
+	// a failed scrape leaves the load unknown, not the cache's size.
+	kvTokens atomic.Int64
 	healthy  atomic.Bool
 	// chains, when set, is what the replica's KV cache events tell of
 	// conversations' chains (chains.go).
@@ -99,6 +102,9 @@ func (s *replicaState) setLoad(l Load) {
 		}
 	}
 	s.load.Store(&l)
+	if l.KVTokens > 0 {
+		s.kvTokens.Store(int64(l.KVTokens))
+	}
 }
 
 // busy is the number of requests the replica is working on: our own in-flight

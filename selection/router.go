@@ -265,10 +265,12 @@ func (v *View) Sweep(now time.Time) {
 		sh.mu.Unlock()
 		r.expired.Add(uint64(n))
 	}
-	if v.cfg.Admission.Enabled {
-		r.gate.mu.Lock()
-		notify := v.expire(now.UnixNano())
-		r.gate.mu.Unlock()
-		runAll(notify)
+	if !v.cfg.Admission.Enabled {
+		r.ReleaseWaiting() // a reload turned load control off
+		return
 	}
+	r.gate.mu.Lock()
+	notify := v.expire(now.UnixNano())
+	r.gate.mu.Unlock()
+	runAll(notify)
 }

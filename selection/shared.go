@@ -84,8 +84,12 @@ func (v *View) Adopt(key uint64, replica string, now time.Time) bool {
 	if to == nil || !to.healthy.Load() {
 		return false
 	}
-	if inserted, moved := v.router.pinTo(key, to, now.UnixNano()); !inserted && !moved {
+	inserted, moved := v.router.pinTo(key, to, now.UnixNano())
+	if !inserted && !moved {
 		return false
+	}
+	if moved && v.cfg.Admission.Enabled {
+		v.follow(key, now.UnixNano()) // its turns go there now: so does its residency
 	}
 	to.adopted.Add(1)
 	return true

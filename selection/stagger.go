@@ -47,8 +47,11 @@ func (v *View) nextNewcomer(s *replicaState) time.Time {
 // staggeredOnly reports whether t, which found no room, waits for a stagger
 // alone: a usable replica has room for it (g.mu held).
 func (v *View) staggeredOnly(t *Ticket) bool {
-	return v.cfg.Admission.Stagger > 0 &&
-		v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.hasRoom(s, t.tokens) }) != nil
+	if v.cfg.Admission.Stagger <= 0 {
+		return false
+	}
+	healthy := v.anyHealthy(t.usable)
+	return v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.takes(s, t.tokens, healthy) }) != nil
 }
 
 // headStaggered reports whether the queue's head waits for a stagger alone,
