@@ -186,6 +186,11 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
+// adminClient opens a connection per request: every config load replaces
+// Caddy's admin server, which closes the old one's idle connections, and a
+// request written on one as it closed failed with a reset.
+var adminClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 // Do sends a request to the admin API and decodes a JSON answer into out
 // (when not nil). A status other than 200 is an error with the body.
 func (p *Process) Do(method, path string, body any, out any, header ...string) error {
@@ -209,7 +214,7 @@ func (p *Process) Do(method, path string, body any, out any, header ...string) e
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminClient.Do(req)
 	if err != nil {
 		return err
 	}
