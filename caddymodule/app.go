@@ -57,6 +57,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err := cfg.provision(name); err != nil {
 			return err
 		}
+		// Checked before anything is built from it (Validate would run after
+		// Provision): ranks -1 panicked, 1e8 would take gigabytes.
+		if err := errors.Join(cfg.validate(name), validatePinStore(name, cfg.pinStore(a.PinStore))); err != nil {
+			return err
+		}
 		store, err := openPinStore(name, cfg, cfg.pinStore(a.PinStore), logger)
 		if err != nil {
 			return err
@@ -72,15 +77,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	return nil
-}
-
-// Validate checks every model's configuration.
-func (a *App) Validate() error {
-	var errs []error
-	for _, l := range a.loads {
-		errs = append(errs, l.cfg.validate(l.model.name), validatePinStore(l.model.name, l.cfg.pinStore(a.PinStore)))
-	}
-	return errors.Join(errs...)
 }
 
 // load is this config's version of the named model.
@@ -134,6 +130,5 @@ func (a *App) Cleanup() error {
 var (
 	_ caddy.App          = (*App)(nil)
 	_ caddy.Provisioner  = (*App)(nil)
-	_ caddy.Validator    = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )
