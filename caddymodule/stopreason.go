@@ -49,8 +49,12 @@ func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandl
 // ServeHTTP passes the request on, and the reply's bytes, as they stream
 // through, to what the request's end tells warden: whether the reply ended
 // the agent's task, and the usage it reported (the prompt's size, its
-// cached part, the reply's size).
+// cached part, the reply's size). The request no longer offers the
+// client's encodings upstream, so that the reply comes readable (Caddy's
+// transport still takes a compressed one, decompressed); `encode`, ordered
+// before, compresses for the client as it would.
 func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	r.Header.Del("Accept-Encoding")
 	return next.ServeHTTP(&stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}, r)
 }
 
@@ -65,17 +69,36 @@ type stopReasonWriter struct {
 	held    *inFlight
 }
 
+// WriteHeader looks at the reply's headers before a handler outside this
+// one (encode) adds its own.
+func (w *stopReasonWriter) WriteHeader(status int) {
+	w.check()
+	w.ResponseWriterWrapper.WriteHeader(status)
+}
+
 func (w *stopReasonWriter) Write(p []byte) (int, error) {
-	if !w.checked {
-		w.checked = true
-		if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inFlight); ok && (held.ticket != nil || held.needsUsage()) {
-			w.held = held
-		}
-	}
+	w.check()
 	if w.held != nil {
 		w.held.readReply(p)
 	}
 	return w.ResponseWriterWrapper.Write(p)
+}
+
+// check decides, once, whether the reply is read: its request holds a
+// ticket or goes to a replica whose KV cache events warden follows
+// (warden's Select has run by the reply's first write), and the upstream
+// sent it unencoded (one that compresses unasked is passed on unread).
+func (w *stopReasonWriter) check() {
+	if w.checked {
+		return
+	}
+	w.checked = true
+	if enc := w.Header().Get("Content-Encoding"); enc != "" && enc != "identity" {
+		return
+	}
+	if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inFlight); ok && (held.ticket != nil || held.needsUsage()) {
+		w.held = held
+	}
 }
 
 // ReadFrom goes through Write: the wrapper's own would hand the reader to

@@ -2,10 +2,14 @@ package caddymodule_test
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -224,3 +228,70 @@ func deref(p *float64) any {
 	}
 	return *p
 }
+
+// An upstream that compresses what its client accepts (a server with
+// compression on, or a proxy in front of vLLM) still has its replies read:
+// warden_stop_reason no longer offers the client's encodings upstream, and
+// the client still gets the reply it accepts.
+func TestRepliesOfACompressingUpstreamAreRead(t *testing.T) {
+	f, _ := runCaddy(t, caddySetup{
+		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
+		siteDirectives: "warden_stop_reason",
+	}, gzipping(t, startSim(t)))
+	body := `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum ", 100) + `"}]}`
+	for _, conv := range []string{"a", "b"} {
+		if out := reply(t, f, "/v1/messages", conv, body); !strings.Contains(out, "message_stop") { // Go's client asks for gzip
+			t.Fatalf("%s: the reply the client read has no message_stop:\n%.300s", conv, out)
+		}
+	}
+	testrun.Eventually(t, 2*time.Second, "both replies read", func() bool { return f.status(t).LoadControl.Replies.Read == 2 })
+}
+
+// gzipping is a proxy in front of addr that compresses, flushing each
+// write, every reply whose request accepts gzip; it runs until the test
+// ends and returns its address.
+func gzipping(t *testing.T, addr string) string {
+	t.Helper()
+	upstream := &httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: addr}) },
+		FlushInterval: -1,
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			upstream.ServeHTTP(w, r)
+			return
+		}
+		r.Header.Del("Accept-Encoding")
+		gz := gzip.NewWriter(w)
+		defer gz.Close()
+		upstream.ServeHTTP(gzipWriter{w, gz}, r)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+type gzipWriter struct {
+	http.ResponseWriter
+	gz *gzip.Writer
+}
+
+func (w gzipWriter) WriteHeader(status int) {
+	w.Header().Del("Content-Length")
+	w.Header().Set("Content-Encoding", "gzip")
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w gzipWriter) Write(p []byte) (int, error) {
+	n, err := w.gz.Write(p)
+	if err == nil {
+		err = w.gz.Flush()
+	}
+	return n, err
+}
+
+func (w gzipWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
