@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/fleet"
@@ -114,6 +115,11 @@ func (m *model) activate(l *modelLoad) {
 	m.acquireFeedsLocked(l)
 	m.applyLocked(l)
 	m.restorePins(l, time.Now())
+	if l.plan.View().Admission().Enabled {
+		// The wait histogram exists from the start, at zero, so that a
+		// dashboard shows "no wait" rather than "no data".
+		loadControlWaitSeconds.WithLabelValues(m.name)
+	}
 }
 
 // deactivate drops l, called by Stop. When l was applied, the newest load
@@ -252,6 +258,11 @@ func (m *model) Destruct() error {
 	}
 	m.fleet.Stop()
 	m.transport.CloseIdleConnections()
+	// The process-wide histograms forget the model, as the gauges read
+	// from the running config do.
+	byModel := prometheus.Labels{"model": m.name}
+	loadControlWaitSeconds.DeletePartialMatch(byModel)
+	pinStoreSeconds.DeletePartialMatch(byModel)
 	return nil
 }
 

@@ -86,11 +86,6 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 		return err
 	}
 	p.cfg, p.view = l.cfg, l.plan.View()
-	if p.view.Admission().Enabled {
-		// The wait histogram exists from the start, at zero, so that a
-		// dashboard shows "no wait" rather than "no data".
-		loadControlWaitSeconds.WithLabelValues(p.Model)
-	}
 	return nil
 }
 

@@ -2,10 +2,12 @@ package caddymodule
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A JSON config (no Caddyfile parsing checked it) is refused before its
@@ -25,5 +27,49 @@ func TestInvalidModelIsRefusedBeforeItIsBuilt(t *testing.T) {
 		if n, _ := models.References("m"); n != 0 {
 			t.Errorf("ranks %d: the refused model is still referenced %d times", ranks, n)
 		}
+	}
+}
+
+// The wait histogram of a model with load control exists, at zero, once
+// its config runs, and leaves with the model when a config drops it.
+func TestWaitHistogramFollowsTheRunningModels(t *testing.T) {
+	home := t.TempDir()
+	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
+		t.Setenv(env, home)
+	}
+	series := func() []string {
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(loadControlWaitSeconds)
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var models []string
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					models = append(models, l.GetValue())
+				}
+			}
+		}
+		return models
+	}
+	load := func(model string) {
+		t.Helper()
+		cfg := fmt.Sprintf(`{"admin":{"disabled":true},"apps":{"warden":{"models":{%q:{"replicas":[{"address":"127.0.0.1:1"}],"load_control":{"enabled":true}}}}}}`, model)
+		if err := caddy.Load([]byte(cfg), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load("old-model")
+	if got := series(); !slices.Contains(got, "old-model") {
+		t.Errorf("wait histogram series %v while old-model runs, want it there", got)
+	}
+	load("new-model")
+	if got := series(); slices.Contains(got, "old-model") || !slices.Contains(got, "new-model") {
+		t.Errorf("wait histogram series %v after old-model left the config, want new-model's alone", got)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
 	}
 }
