@@ -126,6 +126,22 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	return httpcaddyfile.App{Name: "warden", Value: caddyconfig.JSON(app, nil)}, nil
 }
 
+// givenOnce holds the options of a block met so far, so that one given
+// twice fails with its line instead of the last silently winning; an
+// option mapped to false may come again.
+type givenOnce map[string]bool
+
+func (g givenOnce) check(d *caddyfile.Dispenser, opt string) error {
+	once, met := g[opt]
+	if met && once {
+		return d.Errf("%s given twice", opt)
+	}
+	if !met {
+		g[opt] = true
+	}
+	return nil
+}
+
 // parseModel reads a model block. Affinity is always written, so that the
 // config API can PATCH it.
 func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
@@ -134,8 +150,12 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	given := givenOnce{"replicas": false, "replica": false} // these add up
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		if err := given.check(d, opt); err != nil {
+			return nil, err
+		}
 		var err error
 		switch opt {
 		case "replicas":

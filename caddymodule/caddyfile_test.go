@@ -96,6 +96,13 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:5557 topic extra\n\t\t}"), 4, `kv_events: unexpected argument "extra"`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:70000\n\t\t}"), 4, `the port in 1-65535`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:1\n\t\t\tkv_events tcp://127.0.0.1:2\n\t\t}"), 5, "kv_events given twice"},
+		{wardenOption("server 127.0.0.1:1 ranks 2\n\t\tserver 127.0.0.1:2 ranks 4"), 4, "server given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.5\n\t\t}\n\t\tload_control off"), 7, "load_control given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_headers A\n\t\tsession_headers B"), 5, "session_headers given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tspill_threshold 5\n\t\tspill_threshold auto"), 5, "spill_threshold given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs 8\n\t\tmax_num_seqs 16"), 5, "max_num_seqs given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.9\n\t\t\tfill 0.8\n\t\t}"), 6, "fill given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\treplicas 127.0.0.1:2\n\t\treplicas"), 5, "replicas needs at least one host:port"}, // replicas add up
 		// As hostile_test.go TestCaddyfileErrorsNameTheLine expects.
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions -5"), 4, `max_sessions: expected a positive integer, got "-5"`},
 		{wardenOption("replicas 127.0.0.1:1\n\n\t\tmetrics_interval 0s"), 5, `metrics_interval: expected a positive duration such as 30s or 5m, got "0s"`},
@@ -199,12 +206,6 @@ func TestParseModelValues(t *testing.T) {
 	m = parse(t, "replicas 127.0.0.1:1\n\t\tfingerprint off\n\t\tsubagents off\n\t\tcompaction on")
 	if m.Fingerprint == nil || *m.Fingerprint || m.Subagents == nil || *m.Subagents || m.Compaction == nil || !*m.Compaction {
 		t.Errorf("fingerprint off, subagents off, compaction on: %v %v %v", m.Fingerprint, m.Subagents, m.Compaction)
-	}
-	if m := parse(t, "replicas 127.0.0.1:1\n\t\tspill_threshold 5\n\t\tspill_threshold auto"); m.SpillThreshold != 0 {
-		t.Errorf("spill_threshold auto after 5: %d", m.SpillThreshold)
-	}
-	if m := parse(t, "replicas 127.0.0.1:1\n\t\tmax_num_seqs 8\n\t\tmax_num_seqs 16"); m.MaxNumSeqs != 16 {
-		t.Errorf("the last max_num_seqs does not win: %d", m.MaxNumSeqs)
 	}
 	// max_num_seqs given in the block wins over the command line's.
 	m = parse(t, "max_num_seqs 8\n\t\treplica {\n\t\t\tprocess vllm serve m --port 7001 --max-num-seqs 64\n\t\t}")

@@ -106,8 +106,12 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 			return nil, err
 		}
 	}
+	given := givenOnce{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		if err := given.check(d, opt); err != nil {
+			return nil, err
+		}
 		var err error
 		switch opt {
 		case "fill":
