@@ -160,6 +160,7 @@ func (m *model) applyLocked(l *modelLoad) {
 	m.logger.Store(l.logger)
 	m.fleet.Apply(l.plan)
 	l.followFeeds()
+	m.poller.SetInterval(l.plan.MetricsInterval(), 0)
 	m.poller.SetTargets(l.plan.Addresses())
 	for _, p := range l.procs {
 		p.logTo(l.logger, m.name)

@@ -99,7 +99,9 @@ func (m *Model) Apply(p *Plan) {
 	defer m.mu.Unlock()
 	m.applied = p
 	for _, addr := range p.addresses {
-		if m.trackers[addr] == nil {
+		if t := m.trackers[addr]; t != nil {
+			t.SetInterval(p.interval) // the poller follows the plan's interval too
+		} else {
 			m.trackers[addr] = health.NewTracker(health.Config{Interval: p.interval, OnChange: m.reportChange(addr)})
 		}
 	}

@@ -239,3 +239,16 @@ func TestLoadCountsKVWrites(t *testing.T) {
 		t.Fatalf("no counters: written %v, want 0", l.Written)
 	}
 }
+
+// A reload that shortens metrics_interval judges the servers already
+// tracked by it: their metrics are stale after three new intervals.
+func TestANewIntervalJudgesTheMetricsAge(t *testing.T) {
+	m := New("m", 5*time.Second, t0, nil)
+	m.Apply(m.Prepare(Spec{Replicas: servers("a:1"), MetricsInterval: 5 * time.Second}))
+	observe(m, t0, "a:1")
+	m.Apply(m.Prepare(Spec{Replicas: servers("a:1"), MetricsInterval: time.Second}))
+	m.Tick(t0.Add(4 * time.Second))
+	if h, _ := m.Health("a:1", t0.Add(4*time.Second)); h.Healthy || h.Reason != health.ReasonStaleMetrics {
+		t.Errorf("no scrape for 4 s at a 1 s interval: %+v, want stale metrics", h)
+	}
+}

@@ -98,6 +98,14 @@ func NewTracker(cfg Config) *Tracker {
 	}
 }
 
+// SetInterval changes the poll interval the metrics' age is judged by (to
+// DefaultStaleIntervals of it), as a config reload may.
+func (t *Tracker) SetInterval(interval time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.staleAfter = DefaultStaleIntervals * interval
+}
+
 // ObserveScrape records a /metrics attempt that finished at at; err is nil
 // for a successful, valid scrape.
 func (t *Tracker) ObserveScrape(at time.Time, err error) {

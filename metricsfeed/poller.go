@@ -72,12 +72,7 @@ var ErrRunning = errors.New("metricsfeed: poller already running")
 
 // NewPoller returns a Poller for the given targets (see SetTargets).
 func NewPoller(cfg PollerConfig, targets []string) *Poller {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultInterval
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = cfg.Interval * 9 / 10
-	}
+	cfg.Interval, cfg.Timeout = pollTimes(cfg.Interval, cfg.Timeout)
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = DefaultMaxBytes
 	}
@@ -86,8 +81,39 @@ func NewPoller(cfg PollerConfig, targets []string) *Poller {
 	return p
 }
 
+// pollTimes fills in the defaults of an interval and a timeout.
+func pollTimes(interval, timeout time.Duration) (time.Duration, time.Duration) {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	if timeout <= 0 {
+		timeout = interval * 9 / 10
+	}
+	return interval, timeout
+}
+
 // Config returns the configuration with its defaults filled in.
-func (p *Poller) Config() PollerConfig { return p.cfg }
+func (p *Poller) Config() PollerConfig {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg
+}
+
+// SetInterval changes the interval between polls, and the timeout (0: 90%
+// of the interval), e.g. on a config reload; each target's next poll comes
+// one new interval after its last began.
+func (p *Poller) SetInterval(interval, timeout time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg.Interval, p.cfg.Timeout = pollTimes(interval, timeout)
+}
+
+// times is the interval and timeout in force.
+func (p *Poller) times() (interval, timeout time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.Interval, p.cfg.Timeout
+}
 
 // Run polls every target until ctx ends, then stops every polling goroutine
 // and returns nil. Targets can change while it runs.
@@ -203,14 +229,17 @@ func (p *Poller) startLocked(target string) {
 
 func (p *Poller) pollLoop(ctx context.Context, target string, w *pollWorker) {
 	defer close(w.done)
-	ticker := time.NewTicker(p.cfg.Interval)
-	defer ticker.Stop()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
+		began := time.Now()
 		p.pollOnce(ctx, target, w)
+		interval, _ := p.times()
+		timer.Reset(time.Until(began.Add(interval)))
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticker.C:
+		case <-timer.C:
 		}
 	}
 }
@@ -218,7 +247,8 @@ func (p *Poller) pollLoop(ctx context.Context, target string, w *pollWorker) {
 // pollOnce fetches /metrics and probes /health concurrently, then records
 // and reports both.
 func (p *Poller) pollOnce(ctx context.Context, target string, w *pollWorker) {
-	reqCtx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	_, timeout := p.times()
+	reqCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
 	var healthErr error

@@ -229,3 +229,25 @@ func TestPollerStopsCleanly(t *testing.T) {
 		t.Errorf("%d goroutines after stop, %d before start", n, baseline)
 	}
 }
+
+// A config reload may change the interval: the targets already polled
+// follow it from their next poll on.
+func TestPollerFollowsANewInterval(t *testing.T) {
+	f := newFakeVLLM(t)
+	rec := newRecorder()
+	p := NewPoller(rec.config(PollerConfig{Interval: 200 * time.Millisecond, Client: f.srv.Client()}), []string{f.srv.URL})
+	startPoller(t, p)
+	rec.await(t, "first scrape", func(o observation) bool { return !o.health })
+	p.SetInterval(10*time.Millisecond, 0)
+	if got := p.Config(); got.Interval != 10*time.Millisecond || got.Timeout != 9*time.Millisecond {
+		t.Errorf("interval %v, timeout %v; want 10ms and 9ms", got.Interval, got.Timeout)
+	}
+	rec.await(t, "second scrape", func(o observation) bool { return !o.health }) // up to 200 ms: the old interval's
+	start := time.Now()
+	for range 10 {
+		rec.await(t, "scrape", func(o observation) bool { return !o.health })
+	}
+	if took := time.Since(start); took > time.Second { // 2 s at the old interval
+		t.Errorf("10 scrapes at 10 ms took %v", took)
+	}
+}
