@@ -5,6 +5,9 @@
 package health
 
 import (
+	"context"
+	"errors"
+	"net"
 	"sync"
 	"time"
 )
@@ -72,16 +75,21 @@ type Tracker struct {
 	staleAfter time.Duration
 	onChange   func(old, new State)
 
-	mu            sync.Mutex
-	lastSuccessAt time.Time // zero until a scrape succeeds
-	lastAttemptAt time.Time
-	lastErr       error // of the latest scrape attempt
-	healthAt      time.Time
-	healthSeen    bool
-	healthErr     error
-	upstreamDown  bool
-	evaluatedAt   time.Time // latest time a state was computed for
-	state         State
+	mu             sync.Mutex
+	lastSuccessAt  time.Time // zero until a scrape succeeds
+	firstAttemptAt time.Time
+	lastAttemptAt  time.Time
+	lastErr        error // of the latest scrape attempt
+	healthAt       time.Time
+	healthSeen     bool
+	healthErr      error
+	// slowSince is when the /health probes began timing out, zero while
+	// they answer: a busy server may answer late, and gets the grace that
+	// metrics get before it counts as failed.
+	slowSince    time.Time
+	upstreamDown bool
+	evaluatedAt  time.Time // latest time a state was computed for
+	state        State
 }
 
 // NewTracker returns a Tracker that has seen nothing yet: unhealthy, with
@@ -114,6 +122,9 @@ func (t *Tracker) ObserveScrape(at time.Time, err error) {
 	if err == nil && at.After(t.lastSuccessAt) {
 		t.lastSuccessAt = at
 	}
+	if t.firstAttemptAt.IsZero() {
+		t.firstAttemptAt = at
+	}
 	if !at.Before(t.lastAttemptAt) {
 		t.lastAttemptAt, t.lastErr = at, err
 	}
@@ -127,6 +138,12 @@ func (t *Tracker) ObserveHealth(at time.Time, err error) {
 	defer t.mu.Unlock()
 	if !t.healthSeen || !at.Before(t.healthAt) {
 		t.healthAt, t.healthErr, t.healthSeen = at, err, true
+		switch {
+		case !timedOut(err):
+			t.slowSince = time.Time{}
+		case t.slowSince.IsZero():
+			t.slowSince = at
+		}
 	}
 	t.evaluateLocked(at)
 }
@@ -176,8 +193,8 @@ func (t *Tracker) computeLocked(now time.Time) State {
 	switch {
 	case t.upstreamDown:
 		return State{Reason: ReasonUpstreamUnavailable}
-	case t.lastSuccessAt.IsZero() && t.lastErr == nil:
-		return State{Reason: ReasonNoMetrics}
+	case t.lastSuccessAt.IsZero() && (t.lastErr == nil || timedOut(t.lastErr) && now.Sub(t.firstAttemptAt) <= t.staleAfter):
+		return State{Reason: ReasonNoMetrics} // a first scrape that timed out gets the grace of later ones
 	case t.lastSuccessAt.IsZero() || now.Sub(t.lastSuccessAt) > t.staleAfter:
 		if t.lastErr != nil {
 			return State{Reason: ReasonMetricsError, Detail: t.lastErr.Error()}
@@ -185,8 +202,15 @@ func (t *Tracker) computeLocked(now time.Time) State {
 		return State{Reason: ReasonStaleMetrics, Detail: "last scrape " + now.Sub(t.lastSuccessAt).String() + " ago"}
 	case !t.healthSeen:
 		return State{Reason: ReasonNoHealthCheck}
-	case t.healthErr != nil:
+	case t.healthErr != nil && (!timedOut(t.healthErr) || now.Sub(t.slowSince) > t.staleAfter):
 		return State{Reason: ReasonHealthFailed, Detail: t.healthErr.Error()}
 	}
 	return State{Healthy: true, Reason: ReasonOK}
+}
+
+// timedOut reports whether err is a request that ran out of time, which a
+// busy server may cause, rather than one refused or answered with an error.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -206,4 +207,45 @@ func reasonStrings(rs []Reason) []string {
 		out[i] = string(r)
 	}
 	return out
+}
+
+// A busy server may answer its /health probe, or its first scrape, too
+// late: timeouts get the grace stale metrics get (three intervals), while
+// an answer that says the server is down (a 503, a refused connection)
+// counts at once.
+func TestTimeoutsGetTheGraceOfStaleMetrics(t *testing.T) {
+	tr, _ := healthyAt(t0)
+	for s := 1; s <= 3; s++ {
+		at := t0.Add(time.Duration(s) * interval)
+		tr.ObserveScrape(at, nil)
+		tr.ObserveHealth(at, context.DeadlineExceeded)
+		if !tr.Healthy(at) {
+			t.Fatalf("/health timing out for %d s: %v, want healthy within three intervals", s-1, tr.State(at))
+		}
+	}
+	at := t0.Add(5 * interval)
+	tr.ObserveScrape(at, nil)
+	tr.ObserveHealth(at, context.DeadlineExceeded)
+	if st := tr.State(at); st.Reason != ReasonHealthFailed {
+		t.Errorf("/health timing out for 4 s: %v, want health failed", st)
+	}
+	tr.ObserveHealth(at.Add(interval), nil)
+	tr.ObserveHealth(at.Add(2*interval), errors.New("503 Service Unavailable"))
+	if st := tr.State(at.Add(2 * interval)); st.Reason != ReasonHealthFailed {
+		t.Errorf("a 503 after an answer: %v, want health failed at once", st)
+	}
+
+	first, _ := newTracker()
+	first.ObserveScrape(t0, context.DeadlineExceeded)
+	if st := first.State(t0.Add(2 * interval)); !st.Reason.Pending() {
+		t.Errorf("a first scrape timed out 2 s ago: %v, want still pending", st)
+	}
+	if st := first.State(t0.Add(4 * interval)); st.Reason != ReasonMetricsError {
+		t.Errorf("no scrape answered in 4 s: %v, want metrics error", st)
+	}
+	refused, _ := newTracker()
+	refused.ObserveScrape(t0, errors.New("connection refused"))
+	if st := refused.State(t0); st.Reason != ReasonMetricsError {
+		t.Errorf("a first scrape refused: %v, want metrics error at once", st)
+	}
 }
