@@ -112,13 +112,15 @@ func (r *Router) ended(d Decision, reply Reply) {
 	// anything: either way there is nothing to judge by.
 	e.released = l.Known && l.KVTokens > 0 && l.Written > 0
 	e.relWritten = l.Written
+	e.relRestarts = rep.restarts.Load()
 	e.relFree = float64(l.KVTokens) * (1 - l.KVUsage)
 }
 
 // cold reports whether the conversation's cache on its pin has likely been
 // evicted since its last request there ended: the pin has written more
 // than the free room it had then plus ColdShare of the conversation's last
-// prompt. A pin whose counters went back (a restarted engine) lost it all.
+// prompt. A pin whose counters went back since (a restarted engine) lost
+// it all, even once they have climbed past their old value.
 func (e *session) cold() bool {
 	if e.busy > 0 || e.lastPrompt <= 0 {
 		return false
@@ -133,7 +135,7 @@ func (e *session) cold() bool {
 	if !l.Known || l.Written <= 0 {
 		return false
 	}
-	if l.Written < e.relWritten {
+	if l.Written < e.relWritten || e.pin.restarts.Load() != e.relRestarts {
 		return true
 	}
 	return l.Written-e.relWritten-e.relFree > ColdShare*float64(e.lastPrompt)

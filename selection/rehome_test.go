@@ -54,16 +54,20 @@ func TestColdConversationIsRehomed(t *testing.T) {
 	}
 }
 
-// A restarted engine (its counters back to 0) has lost every cache.
+// A restarted engine (its counters back to 0) has lost every cache, even
+// once it has written past its old count when the conversation comes back.
 func TestRestartedEngineMakesItsConversationsCold(t *testing.T) {
-	r := newTestRouter(2, Config{MaxNumSeqs: 32})
-	for _, rep := range r.Replicas() {
-		r.SetLoad(rep.ID, kvLoad(50000))
-	}
-	home := id(turn(t, r, "a", 0))
-	r.SetLoad(home, kvLoad(100))
-	if d := turn(t, r, "a", time.Second); d.Outcome != Rehomed {
-		t.Fatalf("after its pin's counters reset: %v on %s, want rehomed", d.Outcome, id(d))
+	for _, since := range []float64{100, 60000} {
+		r := newTestRouter(2, Config{MaxNumSeqs: 32})
+		for _, rep := range r.Replicas() {
+			r.SetLoad(rep.ID, kvLoad(50000))
+		}
+		home := id(turn(t, r, "a", 0))
+		r.SetLoad(home, kvLoad(100)) // restarted
+		r.SetLoad(home, kvLoad(since))
+		if d := turn(t, r, "a", time.Second); d.Outcome != Rehomed {
+			t.Errorf("its pin restarted, %.0f tokens written since: %v on %s, want rehomed", since, d.Outcome, id(d))
+		}
 	}
 }
 

@@ -65,7 +65,12 @@ type replicaState struct {
 	// kvTokens is the KV cache's size the last scrape that told it gave:
 	// a failed scrape leaves the load unknown, not the cache's size.
 	kvTokens atomic.Int64
-	healthy  atomic.Bool
+	// restarts counts the times Written went back (an engine restarted and
+	// lost its cache), written the last Written known (float64 bits): a
+	// restarted engine may write past the old count before a conversation
+	// comes back.
+	restarts, written atomic.Uint64
+	healthy           atomic.Bool
 	// chains, when set, is what the replica's KV cache events tell of
 	// conversations' chains (chains.go).
 	chains                    atomic.Pointer[chainSource]
@@ -100,6 +105,9 @@ func (s *replicaState) setLoad(l Load) {
 		if prev := s.load.Load(); prev.Known {
 			l.external = math.Min(l.beyond, prev.beyond)
 		}
+	}
+	if l.Known && l.Written > 0 && l.Written < math.Float64frombits(s.written.Swap(math.Float64bits(l.Written))) {
+		s.restarts.Add(1) // before the load that shows it: a turn ending now reads both
 	}
 	s.load.Store(&l)
 	if l.KVTokens > 0 {

@@ -31,6 +31,7 @@ type session struct {
 	busy                int32
 	released            bool
 	relWritten, relFree float64
+	relRestarts         uint64 // the pin's restarts then
 	lastPrompt          int
 	// moves counts the repins, so that the end of a request sent before
 	// one is not counted in busy (Router.ended).
