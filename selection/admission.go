@@ -370,18 +370,17 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 
 // Cancel takes a waiting turn out of the queue (its client went away) and
 // reports whether it was waiting. An admitted turn is ended as by Done,
-// except one admitted as its client left, alone to hold the residency of a
-// conversation not resident before it: never sent, it ends that residency
-// at once.
+// except one admitted as its client left to a residency no other turn was
+// admitted to: never sent, it ends that residency at once.
 func (t *Ticket) Cancel(now time.Time) bool {
 	if t == nil {
 		return false
 	}
 	g := t.view.router.gate
 	g.mu.Lock()
-	if t.state == Admitted && t.res.running == 1 && !t.resident {
-		// Admitted as its client left, it was never sent: its conversation,
-		// not resident before it, keeps no room.
+	if t.state == Admitted && t.res.running == 1 && t.res.turns == 1 {
+		// Admitted as its client left, it was never sent: the residency it
+		// alone was admitted to keeps no room.
 		t.state = Gone
 		t.res.running--
 		g.drop(t.res)
@@ -575,11 +574,13 @@ func (v *View) admitQueued(now int64) []func() {
 	headBlocked := false
 	for i := 0; i < len(g.queue); {
 		t := g.queue[i]
+		if headBlocked && g.residents[t.key] == nil {
+			i++ // the head waits for room: only a turn of a resident conversation, which takes none, passes it
+			continue
+		}
 		t.estimate()
 		switch {
-		case headBlocked && !g.admitResident(t):
-			i++ // the head waits for room: only a turn of a resident conversation, which takes none, passes it
-		case headBlocked || t.view.admitOne(t, now, i == 0):
+		case t.view.admitOne(t, now, i == 0):
 			g.queue = append(g.queue[:i], g.queue[i+1:]...)
 			if t.ready != nil {
 				notify = append(notify, t.ready)

@@ -416,3 +416,22 @@ func TestAdmissionResidentTurnsPassABlockedHead(t *testing.T) {
 	mustState(t, head, Waiting)
 	mustState(t, d1, Admitted)
 }
+
+// A turn let in, as its client left, to a residency that was there before
+// it (another of its conversation's turns lingering) leaves that residency
+// as it was.
+func TestAdmissionCancelKeepsAResidencyThatPredatesTheTicket(t *testing.T) {
+	r := admissionRouter(0)
+	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	head := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	d1 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	d2 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	d2.Force(t0.Add(time.Minute)) // d resident, d2 sent
+	d2.Done(t0.Add(time.Minute))  // d lingers; d1 is let in to it
+	mustState(t, d1, Admitted)
+	mustState(t, head, Waiting)
+	d1.Cancel(t0.Add(time.Minute))
+	d3 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0.Add(time.Minute+time.Second), nil)
+	mustState(t, d3, Admitted) // within its linger
+}
