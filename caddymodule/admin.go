@@ -135,6 +135,9 @@ func changeModelOption(r *http.Request, model, option string, value any) error {
 	if err != nil {
 		return err
 	}
+	if etag == "" { // without it, two changes at once could undo each other
+		return fmt.Errorf("reading %s: the config API sent no ETag", path)
+	}
 	var models map[string]map[string]json.RawMessage
 	if err := json.Unmarshal(current, &models); err != nil || models[model] == nil {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("model %q is not in %s", model, path)}
@@ -185,9 +188,13 @@ func configRequest(r *http.Request, method, path string, value any, ifMatch stri
 		},
 	}}
 	defer client.CloseIdleConnections()
+	verb := "changing"
+	if method == http.MethodGet {
+		verb = "reading"
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, "", fmt.Errorf("changing %s through the config API: %v", path, err)
+		return nil, "", fmt.Errorf("%s %s through the config API: %v", verb, path, err)
 	}
 	defer resp.Body.Close()
 	msg, err := io.ReadAll(io.LimitReader(resp.Body, maxConfigReply+1))
@@ -201,10 +208,13 @@ func configRequest(r *http.Request, method, path string, value any, ifMatch stri
 		if json.Unmarshal(msg, &apiErr) != nil || apiErr.Error == "" {
 			apiErr.Error = string(bytes.TrimSpace(msg))
 		}
-		return nil, "", caddy.APIError{HTTPStatus: resp.StatusCode, Err: fmt.Errorf("changing %s: %s", path, apiErr.Error)}
+		if resp.StatusCode == http.StatusPreconditionFailed {
+			apiErr.Error += " (the config changed meanwhile: send the request again)"
+		}
+		return nil, "", caddy.APIError{HTTPStatus: resp.StatusCode, Err: fmt.Errorf("%s %s: %s", verb, path, apiErr.Error)}
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("reading %s through the config API: %v", path, err)
+		return nil, "", fmt.Errorf("reading the answer to %s %s: %v", method, path, err)
 	}
 	return msg, resp.Header.Get("Etag"), nil
 }

@@ -69,10 +69,12 @@ type stopReasonWriter struct {
 	held    *inFlight
 }
 
-// WriteHeader looks at the reply's headers before a handler outside this
-// one (encode) adds its own.
+// WriteHeader looks at the final reply's headers (not an interim 1xx's)
+// before a handler outside this one (encode) adds its own.
 func (w *stopReasonWriter) WriteHeader(status int) {
-	w.check()
+	if status >= http.StatusOK {
+		w.check()
+	}
 	w.ResponseWriterWrapper.WriteHeader(status)
 }
 

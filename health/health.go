@@ -72,11 +72,11 @@ type Config struct {
 // Tracker follows one replica. Observations may arrive in any order; each
 // kind keeps its latest. Its methods are safe for concurrent use.
 type Tracker struct {
-	staleAfter time.Duration
-	onChange   func(old, new State)
+	onChange func(old, new State)
 
 	mu             sync.Mutex
-	lastSuccessAt  time.Time // zero until a scrape succeeds
+	staleAfter     time.Duration // SetInterval changes it
+	lastSuccessAt  time.Time     // zero until a scrape succeeds
 	firstAttemptAt time.Time
 	lastAttemptAt  time.Time
 	lastErr        error // of the latest scrape attempt
@@ -106,8 +106,8 @@ func NewTracker(cfg Config) *Tracker {
 	}
 }
 
-// SetInterval changes the poll interval the metrics' age is judged by (to
-// DefaultStaleIntervals of it), as a config reload may.
+// SetInterval changes the poll interval the metrics' age is judged by, as
+// a config reload may: StaleAfter becomes DefaultStaleIntervals of it.
 func (t *Tracker) SetInterval(interval time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
