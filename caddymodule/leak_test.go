@@ -22,10 +22,7 @@ import (
 // with changes, serve through it, stop Caddy, and nothing of warden's may be
 // left running.
 func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
-	home := t.TempDir()
-	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
-		t.Setenv(env, home) // Caddy's storage and autosave stay in the test's directory
-	}
+	testrun.CaddyHome(t)
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
 	redis := redistest.Start(t)
 	site := testnet.Addr(t)

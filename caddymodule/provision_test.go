@@ -8,16 +8,15 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // A JSON config (no Caddyfile parsing checked it) is refused before its
 // model is built: ranks -1 panicked in Provision, which left the model
 // referenced, and polling, after Caddy had moved on.
 func TestInvalidModelIsRefusedBeforeItIsBuilt(t *testing.T) {
-	home := t.TempDir()
-	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
-		t.Setenv(env, home) // Caddy's storage and autosave stay in the test's directory
-	}
+	testrun.CaddyHome(t)
 	for _, ranks := range []int{-1, 0, 100_000_000} {
 		cfg := fmt.Sprintf(`{"admin":{"disabled":true},"apps":{"warden":{"models":{"m":{"server":{"address":"127.0.0.1:1","ranks":%d}}}}}}`, ranks)
 		err := caddy.Load([]byte(cfg), true)
@@ -33,10 +32,7 @@ func TestInvalidModelIsRefusedBeforeItIsBuilt(t *testing.T) {
 // The wait histogram of a model with load control exists, at zero, once
 // its config runs, and leaves with the model when a config drops it.
 func TestWaitHistogramFollowsTheRunningModels(t *testing.T) {
-	home := t.TempDir()
-	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
-		t.Setenv(env, home)
-	}
+	testrun.CaddyHome(t)
 	series := func() []string {
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(loadControlWaitSeconds)

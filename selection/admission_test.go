@@ -405,12 +405,7 @@ func TestAdmissionCancelledAsAdmittedLeavesNoResidency(t *testing.T) {
 // it takes no room, and a later turn of the same conversation would be
 // admitted at once.
 func TestAdmissionResidentTurnsPassABlockedHead(t *testing.T) {
-	r := admissionRouter(0)
-	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	head := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	d1 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
-	d2 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	r, head, d1, d2 := blockedHeadAndTwoTurns()
 	d2.Force(t0.Add(time.Minute)) // d is resident now
 	r.Sweep(t0.Add(time.Minute))
 	mustState(t, head, Waiting)
@@ -421,12 +416,7 @@ func TestAdmissionResidentTurnsPassABlockedHead(t *testing.T) {
 // it (another of its conversation's turns lingering) leaves that residency
 // as it was.
 func TestAdmissionCancelKeepsAResidencyThatPredatesTheTicket(t *testing.T) {
-	r := admissionRouter(0)
-	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	head := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	d1 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
-	d2 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	r, head, d1, d2 := blockedHeadAndTwoTurns()
 	d2.Force(t0.Add(time.Minute)) // d resident, d2 sent
 	d2.Done(t0.Add(time.Minute))  // d lingers; d1 is let in to it
 	mustState(t, d1, Admitted)
@@ -434,4 +424,16 @@ func TestAdmissionCancelKeepsAResidencyThatPredatesTheTicket(t *testing.T) {
 	d1.Cancel(t0.Add(time.Minute))
 	d3 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0.Add(time.Minute+time.Second), nil)
 	mustState(t, d3, Admitted) // within its linger
+}
+
+// blockedHeadAndTwoTurns is two replicas full (a, b), the queue's head (c)
+// waiting for room, and two turns of d waiting behind it.
+func blockedHeadAndTwoTurns() (r testRouter, head, d1, d2 *Ticket) {
+	r = admissionRouter(0)
+	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	head = r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	d1 = r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	d2 = r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	return r, head, d1, d2
 }

@@ -45,3 +45,13 @@ func Sessions(prefix string, n int) []string {
 	}
 	return out
 }
+
+// CaddyHome points the home and XDG directories at a temporary directory
+// for the test, so that a Caddy loaded in the test's process keeps its
+// storage and autosaved config there.
+func CaddyHome(t testing.TB) {
+	home := t.TempDir()
+	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
+		t.Setenv(env, home)
+	}
+}
