@@ -2,12 +2,15 @@ package caddymodule_test
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os/exec"
@@ -247,51 +250,36 @@ func TestRepliesOfACompressingUpstreamAreRead(t *testing.T) {
 	testrun.Eventually(t, 2*time.Second, "both replies read", func() bool { return f.status(t).LoadControl.Replies.Read == 2 })
 }
 
-// gzipping is a proxy in front of addr that compresses, flushing each
-// write, every reply whose request accepts gzip; it runs until the test
-// ends and returns its address.
+// gzipping is a proxy in front of addr that answers every request that
+// accepts gzip with its reply compressed whole; it runs until the test ends
+// and returns its address.
 func gzipping(t *testing.T, addr string) string {
 	t.Helper()
-	upstream := &httputil.ReverseProxy{
-		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: addr}) },
-		FlushInterval: -1,
-	}
+	upstream := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: addr}) }}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-			upstream.ServeHTTP(w, r)
-			return
-		}
+		compress := strings.Contains(r.Header.Get("Accept-Encoding"), "gzip")
 		r.Header.Del("Accept-Encoding")
-		gz := gzip.NewWriter(w)
-		defer gz.Close()
-		upstream.ServeHTTP(gzipWriter{w, gz}, r)
+		reply := httptest.NewRecorder()
+		upstream.ServeHTTP(reply, r)
+		body := reply.Body.Bytes()
+		if compress {
+			var zipped bytes.Buffer
+			gz := gzip.NewWriter(&zipped)
+			_, _ = gz.Write(body)
+			_ = gz.Close()
+			body = zipped.Bytes()
+			reply.Header().Set("Content-Encoding", "gzip")
+		}
+		maps.Copy(w.Header(), reply.Header())
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(reply.Code)
+		_, _ = w.Write(body)
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
-
-type gzipWriter struct {
-	http.ResponseWriter
-	gz *gzip.Writer
-}
-
-func (w gzipWriter) WriteHeader(status int) {
-	w.Header().Del("Content-Length")
-	w.Header().Set("Content-Encoding", "gzip")
-	w.ResponseWriter.WriteHeader(status)
-}
-
-func (w gzipWriter) Write(p []byte) (int, error) {
-	n, err := w.gz.Write(p)
-	if err == nil {
-		err = w.gz.Flush()
-	}
-	return n, err
-}
-
-func (w gzipWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
