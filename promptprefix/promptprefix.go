@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -129,11 +130,30 @@ func readParts(dec *json.Decoder, body []byte, stringOK, arrayOK bool) ([]span, 
 			if first != '{' || len(spans) == maxParts || !skip(dec) {
 				return nil, false
 			}
-			spans = append(spans, span{start: start, end: offset(dec)})
+			if end := offset(dec); !attributionBlock(body[start:end]) {
+				spans = append(spans, span{start: start, end: end})
+			}
 		}
 		return spans, closeArray(dec)
 	}
 	return nil, false
+}
+
+// billingHeader starts the system block in which Claude Code sends a hash
+// of its own per request (unless CLAUDE_CODE_ATTRIBUTION_HEADER is 0).
+// vLLM's Anthropic endpoint drops the block before the chat template, so it
+// is no part of the prefix; named by its bytes, it would make every part
+// after it differ from every other conversation's.
+const billingHeader = "x-anthropic-billing-header"
+
+// attributionBlock reports whether a system block is Claude Code's billing
+// header block.
+func attributionBlock(raw []byte) bool {
+	if !bytes.Contains(raw, []byte(billingHeader)) {
+		return false
+	}
+	var block struct{ Type, Text string }
+	return json.Unmarshal(raw, &block) == nil && block.Type == "text" && strings.HasPrefix(block.Text, billingHeader)
 }
 
 // readLeading reads a conversation (messages, or input when stringOK, where

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -192,6 +193,21 @@ func TestReadSharedParts(t *testing.T) {
 		if c[i].Hash == a[i].Hash {
 			t.Errorf("part %d: hash unchanged after part 1 changed", i)
 		}
+	}
+}
+
+// Claude Code's billing header block carries a hash of its own per
+// request; vLLM drops it before the template, and so does Read: two
+// conversations still share their system prompt and tools.
+func TestReadSkipsClaudeCodesBillingHeader(t *testing.T) {
+	withHeader := func(cch string) string {
+		block := `{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.332; cc_entrypoint=cli; cch=` + cch + `;"}`
+		return strings.Replace(claudeCodeBody(ccToolBash), `"system":[`, `"system":[`+block+`,`, 1)
+	}
+	a, b := Read([]byte(withHeader("3f1a9"))), Read([]byte(withHeader("c07e2")))
+	plain := Read([]byte(claudeCodeBody(ccToolBash)))
+	if len(a) != 3 || !reflect.DeepEqual(a, b) || !reflect.DeepEqual(a, plain) {
+		t.Errorf("with billing headers of two hashes: %v and %v; want the parts without it, %v", a, b, plain)
 	}
 }
 
