@@ -36,6 +36,7 @@ package replyend
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 )
 
@@ -224,14 +225,30 @@ func (s *Scanner) note(f field, value []byte, quoted bool) {
 		}
 	case !quoted: // a reason, type or status is a string
 	case f == typeField:
-		s.toolItem = s.toolItem || bytes.HasSuffix(value, []byte("_call"))
+		// A Responses call item, or an Anthropic tool_use block (which
+		// vLLM may close with end_turn when the request forced that tool).
+		s.toolItem = s.toolItem || bytes.HasSuffix(value, []byte("_call")) || string(value) == "tool_use"
 	case f == statusField:
-		s.completed = s.completed || string(value) == "completed"
+		switch string(value) {
+		case "completed":
+			s.completed = true
+		case "incomplete", "failed", "cancelled": // the reply's own, after its items'
+			s.other = true
+		}
 	case string(value) == "end_turn" || string(value) == "stop":
 		s.ended = true
-	default:
+	case slices.Contains(continuingReasons, string(value)):
 		s.other = true
 	}
+}
+
+// continuingReasons are the reasons a reply stops without ending the
+// agent's task: a tool call, a cut, a refusal. Any other string in a
+// reason field is ignored: vLLM's chat completions also give, as
+// stop_reason, the stop string a client's request matched.
+var continuingReasons = []string{
+	"tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal", // Anthropic
+	"tool_calls", "function_call", "length", "content_filter", "abort", "error", // OpenAI, vLLM
 }
 
 // valueAt reads `: "value"`, `: 123` or `: null` at the start of b: the

@@ -85,6 +85,14 @@ data: {"type":"response.completed","response":{"status":"completed","output":[{"
 	{"responses, in progress", `{"type":"response.created","response":{"status":"in_progress"}}`, false, Usage{}},
 	{"a model writing about the fields", `{"choices":[{"delta":{"content":"set \"finish_reason\":\"stop\" and \"stop_reason\":\"end_turn\""},"finish_reason":null}]}`, false, Usage{}},
 	{"no reason", `{"error":{"message":"boom"}}`, false, Usage{}},
+	{"openai, a stop string matched", `{"choices":[{"message":{"content":"Done."},"finish_reason":"stop","stop_reason":"</answer>"}]}`, true, Usage{}},
+	{"anthropic, a forced tool closed with end_turn", `{"type":"message","content":[{"type":"tool_use","id":"toolu_1","name":"Bash","input":{}}],"stop_reason":"end_turn"}`, false, Usage{}},
+	{"responses, cut after a completed item", `{"object":"response","status":"incomplete","output":[{"type":"reasoning","status":"completed"},{"type":"message","status":"incomplete"}]}`, false, Usage{}},
+	{"responses stream, failed after a completed item", `data: {"type":"response.output_item.done","item":{"type":"message","status":"completed"}}
+
+data: {"type":"response.failed","response":{"status":"failed"}}
+
+`, false, Usage{}},
 	{"anthropic stream, cache reported", `event: message_start
 data: {"type":"message_start","message":{"stop_reason":null,"usage":{"input_tokens":300,"output_tokens":0,"cache_read_input_tokens":1200,"cache_creation_input_tokens":0}}}
 
