@@ -60,11 +60,12 @@ func errText(err error) string {
 }
 
 // keptAliveRetry resends a request, at most twice, when it failed on a
-// connection used before, without any response: the server closed a
-// kept-alive connection as the request went out. Caddy closes the old
-// config's idle connections on every reload, and a POST cannot tell whether
-// it was received, so Go's client does not resend it itself; the Anthropic
-// SDK that Claude Code uses does (connection errors are retried twice),
+// connection it got, without any response: the server closed the
+// connection as the request went out (a kept-alive one, or one the old
+// config's server had just accepted). Caddy closes the old config's
+// connections on every reload, and a POST cannot tell whether it was
+// received, so Go's client does not resend it itself; the Anthropic SDK
+// that Claude Code uses does (connection errors are retried twice),
 // after a backoff of at least 0.375 s, then 0.75 s (0.5 s doubling, less
 // its jitter of up to a quarter). Resending at once instead could pick
 // another of the connections the same reload closed, before the transport
@@ -87,13 +88,13 @@ const maxResends = 2
 // retry: 0.5 s less a jitter of up to a quarter.
 const sdkRetryBackoff = 375 * time.Millisecond
 
-// RoundTrip sends req, and again if its reused connection broke.
+// RoundTrip sends req, and again if its connection broke before a response.
 func (k *keptAliveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 	for resends := 0; ; resends++ {
-		var reused bool
-		trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
+		var connected bool // a refused dial (Caddy down) is left to the caller, as a failure
+		trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected = true }}
 		resp, err := k.base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
-		if err == nil || !reused || resends == maxResends || req.GetBody == nil || req.Context().Err() != nil {
+		if err == nil || !connected || resends == maxResends || req.GetBody == nil || req.Context().Err() != nil {
 			if err != nil && resends > 0 {
 				err = fmt.Errorf("%w (after %d resends)", err, resends) // shows in the failure notes
 			}
