@@ -9,11 +9,11 @@ import (
 
 // maxHeldBodies bounds the request bodies load control holds in memory at
 // once, in the whole process: bodies read for their prompt's prefix (and
-// their parse while it runs) and bodies of waiting turns. Without it, max_queue turns of a few MiB each
-// could hold gigabytes. Past it a body is not read (or, of unannounced
-// length, only as far as the budget allows): the turn loses only what the
-// read was for, a sample of the shared prefix, or noticing over HTTP/1
-// that its client left before it is sent.
+// their parse while it runs) and bodies of waiting turns. Without it,
+// max_queue turns of a few MiB each could hold gigabytes. Past it a body is
+// not read (or, of unannounced length, only as far as the budget allows):
+// the turn loses only what the read was for, a sample of the shared
+// prefix, or noticing over HTTP/1 that its client left before it is sent.
 const maxHeldBodies = 256 << 20
 
 // heldBodies is the process's budget: load control's bodies across models

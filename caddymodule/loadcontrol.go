@@ -37,7 +37,9 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	}
 	ctx := r.Context()
 	ready := make(chan struct{})
-	start := time.Now() // after the body read for its prefix, if it was; the wait counts the rest of the upload, as max_wait does
+	// After the body read for its prefix, if it was: the wait counts the
+	// rest of the upload, as max_wait does.
+	start := time.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
 	t := p.view.Admit(held.id.Key, held.body, usable, start, func() { close(ready) })

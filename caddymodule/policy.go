@@ -223,7 +223,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		caddyhttp.SetVar(ctx, varInFlight, held)
 		caddyhttp.SetVar(ctx, varKeySource, keySources[held.id.Source])
 	}
-	if held.turnedAway || held.over() {
+	if held.turnedAway || retry && held.over() {
 		return nil // a retry after its client left sends nothing
 	}
 	req := routeRequest(held.id)
