@@ -9,9 +9,10 @@
 //
 // The three APIs agents use say it differently: Anthropic's Messages with
 // stop_reason "end_turn" (not "tool_use"), OpenAI's chat completions with
-// finish_reason "stop" (not "tool_calls"), OpenAI's Responses (Codex) with a
-// response whose status is "completed" and whose output holds no item of a
-// type ending in "_call" (function_call, custom_tool_call, ...).
+// finish_reason "stop" (not "tool_calls") and no tool_calls listed, OpenAI's
+// Responses (Codex) with a response whose status is "completed" and whose
+// output holds no item of a type ending in "_call" (function_call,
+// custom_tool_call, ...).
 //
 // Usage says the same three ways too: Anthropic's input_tokens count only
 // the uncached part when cache_read_input_tokens (and
@@ -44,9 +45,10 @@ import (
 type field uint8
 
 const (
-	reasonField field = iota // stop_reason, finish_reason
-	typeField                // a Responses output item's type, among others
-	statusField              // a Responses reply's status, or its items'
+	reasonField    field = iota // stop_reason, finish_reason
+	typeField                   // a Responses output item's type, among others
+	statusField                 // a Responses reply's status, or its items'
+	toolCallsField              // a chat completions message's (or delta's) tool calls
 	// Token counts.
 	promptField        // prompt_tokens: the whole prompt (OpenAI)
 	inputField         // input_tokens: the whole prompt, or its uncached part (Anthropic)
@@ -65,6 +67,7 @@ var keys = [...]struct {
 	{[]byte(`"finish_reason"`), reasonField},
 	{[]byte(`"type"`), typeField},
 	{[]byte(`"status"`), statusField},
+	{[]byte(`"tool_calls"`), toolCallsField},
 	{[]byte(`"prompt_tokens"`), promptField},
 	{[]byte(`"input_tokens"`), inputField},
 	{[]byte(`"cached_tokens"`), cachedField},
@@ -91,8 +94,9 @@ const maxCount = 1 << 40
 type Scanner struct {
 	tail, scratch []byte
 	// ended: a reason that ends the task; other: one that does not (a
-	// tool call, max_tokens); completed and toolItem: a Responses reply
-	// completed, and an output item that calls a tool.
+	// tool call, max_tokens); completed: a Responses reply completed;
+	// toolItem: a tool called (a Responses call item, an Anthropic
+	// tool_use block, chat completions' tool_calls).
 	ended, other, completed, toolItem bool
 	// count holds the last value of each token count, seen tells which
 	// were given: a stream may repeat them (message_start, message_delta).
@@ -219,6 +223,11 @@ var secondBytes = func() (m [256]bool) {
 func (s *Scanner) note(f field, value []byte, quoted bool) {
 	switch {
 	case len(value) == 0:
+	case f == toolCallsField:
+		// A chat completions reply lists its calls whatever its
+		// finish_reason, which is "stop" when the request forced the tool;
+		// vLLM lists none as [].
+		s.toolItem = s.toolItem || value[0] != ']'
 	case f >= promptField:
 		if n, err := strconv.Atoi(string(value)); err == nil && !quoted {
 			s.count[f], s.seen[f] = min(n, maxCount), true
@@ -251,9 +260,10 @@ var continuingReasons = []string{
 	"tool_calls", "function_call", "length", "content_filter", "abort", "error", // OpenAI, vLLM
 }
 
-// valueAt reads `: "value"`, `: 123` or `: null` at the start of b: the
-// string's or the number's bytes (nil for null or anything else), how many
-// bytes it took, and whether b ends before the value does.
+// valueAt reads `: "value"`, `: 123`, `: [` or `: null` at the start of b:
+// the string's or the number's bytes, an array's first byte inside it (nil
+// for null or anything else), how many bytes it took, and whether b ends
+// before the value does.
 func valueAt(b []byte) (value []byte, n int, cut bool) {
 	i, ok := skipSpace(b, 0)
 	if ok && i == len(b) {
@@ -268,6 +278,18 @@ func valueAt(b []byte) (value []byte, n int, cut bool) {
 	}
 	if ok && isDigit(b[i]) {
 		return number(b, i)
+	}
+	if ok && b[i] == '[' {
+		// An array: its first element's first byte, or ']', left unread
+		// for the keys inside it to be scanned.
+		j, ok := skipSpace(b, i+1)
+		if ok && j == len(b) {
+			return nil, 0, true
+		}
+		if !ok {
+			return nil, j, false
+		}
+		return b[j : j+1], j, false
 	}
 	if !ok || b[i] != '"' {
 		return nil, i, false // null, or not a value read

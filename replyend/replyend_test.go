@@ -87,6 +87,14 @@ data: {"type":"response.completed","response":{"status":"completed","output":[{"
 	{"no reason", `{"error":{"message":"boom"}}`, false, Usage{}},
 	{"openai, a stop string matched", `{"choices":[{"message":{"content":"Done."},"finish_reason":"stop","stop_reason":"</answer>"}]}`, true, Usage{}},
 	{"anthropic, a forced tool closed with end_turn", `{"type":"message","content":[{"type":"tool_use","id":"toolu_1","name":"Bash","input":{}}],"stop_reason":"end_turn"}`, false, Usage{}},
+	{"openai, a forced tool called with finish_reason stop", `{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{}"}}]},"finish_reason":"stop"}]}`, false, Usage{}},
+	{"openai stream, a forced tool called with finish_reason stop", `data: {"choices":[{"index":0,"delta":{"tool_calls":  [ {"index":0,"id":"call_1","type":"function","function":{"name":"bash","arguments":""}}]},"finish_reason":null}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}
+
+`, false, Usage{}},
+	{"openai, text with no tool call listed", `{"choices":[{"message":{"role":"assistant","content":"Done.","tool_calls":[ ]},"finish_reason":"stop"}]}`, true, Usage{}},
+	{"openai, tool_calls null", `{"choices":[{"message":{"content":"Done.","tool_calls":null},"finish_reason":"stop"}]}`, true, Usage{}},
 	{"responses, cut after a completed item", `{"object":"response","status":"incomplete","output":[{"type":"reasoning","status":"completed"},{"type":"message","status":"incomplete"}]}`, false, Usage{}},
 	{"responses stream, failed after a completed item", `data: {"type":"response.output_item.done","item":{"type":"message","status":"completed"}}
 
