@@ -32,6 +32,9 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	if !p.view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
+	if held.id.Auxiliary {
+		return true // a side call the agent names: small, and its own prompt
+	}
 	if p.view.WantsPrefix(held.id.Key) {
 		readPrefix(r, &held.body)
 	}

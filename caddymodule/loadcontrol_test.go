@@ -184,6 +184,24 @@ func TestSelectLoadControlHoldsUntilAdmitted(t *testing.T) {
 	}
 }
 
+// A side call the agent names (Claude Code's request class "auxiliary", a
+// title) goes through at once while the replica is full, and load control
+// counts nothing of it.
+func TestSelectLoadControlPassesAuxiliaryCalls(t *testing.T) {
+	fx := loadControlFixture(t, 0, time.Minute)
+	fx.routeResident(t)
+	before := fx.admission()
+	r, end := newProxyRequest(t, "X-Claude-Code-Session-Id", "b")
+	defer end()
+	r.Header.Set("X-Claude-Code-Request-Class", "auxiliary")
+	if u := fx.p.Select(pool(addrA), r, nil); u == nil || u.Dial != addrA {
+		t.Fatalf("auxiliary call routed to %v, want %s at once", u, addrA)
+	}
+	if after := fx.admission(); after != before {
+		t.Fatalf("load control counted the auxiliary call: %+v, was %+v", after, before)
+	}
+}
+
 // A waiting turn whose client leaves is taken out of the queue and leaves
 // no trace; its retries are not admitted again.
 func TestSelectLoadControlClientGone(t *testing.T) {

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // whenever it is known.
 var (
 	descLoadControlWaiting = desc("load_control_waiting", "Turns held by load control now.", "model")
-	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited), task_ended (its reply ended the agent's task, read by warden_stop_reason: its conversation left at once).", "model", "result")
+	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited), task_ended (its reply ended the agent's task, read by warden_stop_reason: its conversation left at once), side_call (a turn of a resident conversation with a prompt under a quarter of its size, which neither sized nor ended its residency).", "model", "result")
 	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
 	descResidentTokens     = desc("resident_tokens", "Prompt tokens of the conversations resident on the replica, the prefix they share counted once: their last reply's count when warden_stop_reason read it, else their body bytes / the learned bytes per token.", replicaLabels...)
 	descSharedPrefix       = desc("load_control_shared_prefix_tokens", "The prefix new conversations share with others (their system prompt and tools), learned from the cached part of their first reply (vLLM's --enable-prompt-tokens-details, read by warden_stop_reason), else from the system prompt and tools their requests share; a replica holds it once for all its residents. No sample until known.", "model")
@@ -42,7 +42,7 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadC
 	}
 	ch <- prometheus.MustNewConstMetric(descLoadControlAside, prometheus.GaugeValue, aside, model)
 	for result, n := range map[string]uint64{
-		"admitted": lc.Admitted, "queued": lc.Queued, "forced": lc.Forced, "refused": lc.Refused, "cancelled": lc.Cancelled, "task_ended": lc.TaskEnded,
+		"admitted": lc.Admitted, "queued": lc.Queued, "forced": lc.Forced, "refused": lc.Refused, "cancelled": lc.Cancelled, "task_ended": lc.TaskEnded, "side_call": lc.SideCalls,
 	} {
 		ch <- prometheus.MustNewConstMetric(descLoadControlTurns, prometheus.CounterValue, float64(n), model, result)
 	}

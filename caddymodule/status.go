@@ -92,13 +92,17 @@ type LoadControlStatus struct {
 	// capacity after max_wait; Refused those answered 503 by a full queue;
 	// Cancelled those whose client left while they waited; TaskEnded the
 	// turns whose reply ended the agent's task (read by warden_stop_reason),
-	// their conversation leaving at once.
+	// their conversation leaving at once; SideCalls the turns of a resident
+	// conversation with a prompt under a quarter of its size (a title, a
+	// classifier, a turn after a compaction), which neither sized nor ended
+	// its residency.
 	Admitted  uint64 `json:"admitted"`
 	Queued    uint64 `json:"queued"`
 	Forced    uint64 `json:"forced"`
 	Refused   uint64 `json:"refused"`
 	Cancelled uint64 `json:"cancelled"`
 	TaskEnded uint64 `json:"task_ended"`
+	SideCalls uint64 `json:"side_calls"`
 	// Replies is what warden_stop_reason read of the admitted turns'
 	// replies.
 	Replies ReplyUsageStatus `json:"replies"`
@@ -273,6 +277,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Refused:            st.Admission.Refused,
 			Cancelled:          st.Admission.Cancelled,
 			TaskEnded:          st.Admission.TaskEnded,
+			SideCalls:          st.Admission.SideCalls,
 			Replies:            replyUsageStatus(st.Admission),
 		},
 	}

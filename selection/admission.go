@@ -134,6 +134,7 @@ type Ticket struct {
 	state    TicketState
 	res      *resident // set once admitted
 	resident bool      // its conversation was resident when it arrived
+	side     bool      // a side call of its resident conversation (sidecall.go)
 	// placedBeside: the turn was placed by load (its conversation new, or
 	// its pin without room) on a replica that held residents, where its
 	// reply's cached part is the prefix it shares with them
@@ -165,7 +166,7 @@ type gate struct {
 	idle  list.List
 	queue []*Ticket
 
-	admitted, queued, forced, refused, cancelled, taskEnded uint64
+	admitted, queued, forced, refused, cancelled, taskEnded, sideCalls uint64
 	// The replies' usage: how many reported it, how many the cached part,
 	// and the tokens of the turns that found their conversation resident
 	// and of the others, to tell whether residency kept caches.
@@ -235,6 +236,7 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 			g.noteReturn(false)
 		}
 		t.resident = true
+		t.side = sideCall(t, g.residents[key])
 		g.admit(t, g.residents[key].rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
 	case v.headStaggered() && v.admitOne(t, now.UnixNano(), false):
@@ -319,7 +321,8 @@ func (t *Ticket) Done(now time.Time) { t.End(now, Reply{}) }
 // far later than Linger, so it leaves at once and its room goes to the
 // turns waiting. A reply that reported its prompt's size sizes the
 // conversation's residency in the server's tokens until its next turn, and
-// teaches the router the bytes per token.
+// teaches the router the bytes per token. A side call's reply does neither
+// to its conversation (sidecall.go).
 func (t *Ticket) End(now time.Time, reply Reply) {
 	if t == nil {
 		return
@@ -333,10 +336,10 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	t.state = Gone
 	t.res.running--
 	underestimated := false
-	if reply.PromptTokens > 0 {
-		if !t.body.Partial {
-			t.view.router.learnTokenSize(t.body.Bytes, reply.PromptTokens)
-		}
+	if reply.PromptTokens > 0 && !t.body.Partial {
+		t.view.router.learnTokenSize(t.body.Bytes, reply.PromptTokens)
+	}
+	if reply.PromptTokens > 0 && !t.side {
 		g.countReply(t.resident, reply)
 		// vLLM leaves the cached part out when it is 0: once it has
 		// reported one, a reply without it found nothing cached.
@@ -350,11 +353,12 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	if t.res.running == 0 {
 		q := t.view.cfg.Admission.Quantum
+		own := !t.side // a side call neither ends its conversation's residency nor yields it
 		switch {
-		case reply.TaskEnded:
+		case own && reply.TaskEnded:
 			g.drop(t.res)
 			g.taskEnded++
-		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
+		case own && q > 0 && t.res.turns >= q && len(g.queue) > 0:
 			g.drop(t.res) // its quantum is used up and others wait: it yields
 		case underestimated && !t.view.fits(t.res.rep):
 			g.drop(t.res) // admitted on a size too small, it overfills its replica
@@ -473,12 +477,18 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 			g.residentLeft(res.rep)
 		}
 	}
-	res.rep, res.tokens = rep, t.tokens
+	res.rep = rep
+	if !t.side {
+		res.tokens = t.tokens
+		res.turns++
+	}
 	g.hold(res, +1)
 	res.running++
-	res.turns++
 	t.res, t.state = res, Admitted
 	g.admitted++
+	if t.side {
+		g.sideCalls++
+	}
 }
 
 func (g *gate) unqueue(t *Ticket) {
@@ -703,8 +713,10 @@ type AdmissionStatus struct {
 	// capacity after MaxWait; Refused those turned away by a full queue;
 	// Cancelled those whose client left while they waited; TaskEnded the
 	// turns whose reply ended the agent's task, their conversation leaving
-	// at once (Ticket.End).
-	Admitted, Queued, Forced, Refused, Cancelled, TaskEnded uint64
+	// at once (Ticket.End); SideCalls the turns admitted as side calls of
+	// their resident conversation, which neither sized nor ended its
+	// residency (sidecall.go).
+	Admitted, Queued, Forced, Refused, Cancelled, TaskEnded, SideCalls uint64
 	// Replies counts the turns whose reply reported its prompt's size, and
 	// CacheReplies those that reported its cached part; BytesPerToken is
 	// the request bodies' bytes per token learned from them.
@@ -747,7 +759,8 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 		Enabled: v.cfg.Admission.Enabled && v.cfg.Affinity,
 		Waiting: len(g.queue), Admitted: g.admitted, Queued: g.queued,
 		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled, TaskEnded: g.taskEnded,
-		Replies: g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
+		SideCalls: g.sideCalls,
+		Replies:   g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
 		LateShare: g.lateShare, SteppedAside: v.cfg.Admission.Enabled && v.cfg.Affinity && g.aside.Load(),
 	}

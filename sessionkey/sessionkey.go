@@ -95,6 +95,11 @@ type Identity struct {
 	Renamed bool
 	// Hint is the compaction hint the request carries.
 	Hint Hint
+	// Auxiliary: the agent says the request is a side call of the
+	// conversation (Claude Code's request class "auxiliary": a title, a
+	// classifier), whose prompt is its own and continues nothing; load
+	// control lets it through untouched.
+	Auxiliary bool
 	// Source is where Key came from.
 	Source Source
 }
@@ -108,6 +113,7 @@ const (
 	claudeAgentType   = "X-Claude-Code-Agent-Type"
 	claudeCompaction  = "X-Claude-Code-Compaction"
 	claudeCompacted   = "X-Claude-Code-Context-Compacted"
+	claudeClass       = "X-Claude-Code-Request-Class"
 	codexSession      = "Session-Id"
 	codexThread       = "Thread-Id"
 	codexParent       = "X-Codex-Parent-Thread-Id"
@@ -187,6 +193,8 @@ func (r *Rules) FromHeaders(h http.Header) Identity {
 		if r.compaction {
 			id.Hint = compactionHint(h, name)
 		}
+		// Sent with the compaction hints (CLAUDE_CODE_GATEWAY_HINT_HEADERS=1).
+		id.Auxiliary = name == claudeSession && strings.EqualFold(get(h, claudeClass), "auxiliary")
 		return id
 	}
 	return Identity{}
