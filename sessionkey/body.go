@@ -259,22 +259,25 @@ func fingerprintOf(dec *json.Decoder, system json.RawMessage) (fp Identity, resu
 		// clients open every conversation with the same exchange (Qwen Code
 		// sends its context, then a canned "Got it" reply), which only the
 		// next message tells apart. A tool call's output is not a prompt.
-		// Read whole like the head, or no key: a scan cut inside it cuts at
-		// the same place on every turn.
+		// A message the scan cuts (a file of hundreds of KiB read by the
+		// first tool call) is left out: it is cut on every turn, the reply
+		// before it read whole, so the key holds. Only one that ends within
+		// the bytes clients rewrite in older messages (a moved cache_control
+		// marker, a dropped thinking block) of the scan's end may be cut on
+		// one turn and not the next.
 		if !dec.More() {
 			if tok, err := dec.Token(); err != nil || tok != json.Delim(']') {
 				return Identity{}, false
 			}
 		} else {
 			var next any
-			if dec.Decode(&next) != nil {
-				return Identity{}, false
-			}
-			m, _ := next.(map[string]any)
-			role, _ := m["role"].(string)
-			typ, _ := m["type"].(string)
-			if isPrompt(role, typ) {
-				writeCanonical(&r, next)
+			if dec.Decode(&next) == nil {
+				m, _ := next.(map[string]any)
+				role, _ := m["role"].(string)
+				typ, _ := m["type"].(string)
+				if isPrompt(role, typ) {
+					writeCanonical(&r, next)
+				}
 			}
 		}
 		return Identity{Key: Combine(head, nonZero(r.Sum64())), Parent: head, Continues: true, Renamed: true, Source: Fingerprint}, false

@@ -220,16 +220,22 @@ func TestReadBodyPrecedence(t *testing.T) {
 	}
 }
 
-// The head must be read whole: a scan cut inside it yields no key (and
-// cuts at the same place on every turn, as the head does not change).
+// The head and the first reply must be read whole: a scan cut inside them
+// yields no key (and cuts at the same place on every turn, as they do not
+// change). One cut inside the message after the reply keys the
+// conversation on the two alone.
 func TestFingerprintCutShort(t *testing.T) {
 	c := newConversation("responses", "instructions", strings.Repeat("long first message ", 100), 1)
 	body := c.body(3)
 	full := ReadBody(body, true, true)
+	withoutNext := ReadBody(body[:strings.Index(string(body), "follow-up 0")], true, true)
+	if withoutNext.Key == 0 || withoutNext.Key == full.Key || withoutNext.Parent != full.Parent {
+		t.Fatalf("cut inside the message after the first reply: %+v, full body %+v", withoutNext, full)
+	}
 	for cut := 0; cut < len(body); cut += 7 {
 		got := ReadBody(body[:cut], true, true)
-		if got.Key != 0 && got != full {
-			t.Fatalf("cut at %d of %d: %+v, want %+v or nothing", cut, len(body), got, full)
+		if got.Key != 0 && got != full && got != withoutNext {
+			t.Fatalf("cut at %d of %d: %+v, want %+v, %+v or nothing", cut, len(body), got, full, withoutNext)
 		}
 	}
 	// Once the first reply and the message after it are read, the rest of
@@ -237,6 +243,29 @@ func TestFingerprintCutShort(t *testing.T) {
 	i := strings.Index(string(body), "reply 1")
 	if got := ReadBody(body[:i], true, true); got != full {
 		t.Errorf("cut after the message that follows the first reply: %+v, want %+v", got, full)
+	}
+}
+
+// A first tool call that reads a large file puts a message of hundreds of
+// KiB after the first reply, which the scan cuts on every turn: the
+// conversation still keeps one key from its second turn on.
+func TestFingerprintLongMessageAfterTheFirstReply(t *testing.T) {
+	const scan = 256 << 10
+	for _, api := range []string{"anthropic", "chat", "responses"} {
+		c := newConversation(api, "You are a coding agent.", "Read main.go and fix it", 1)
+		c.users[0] = strings.Repeat("package main // ", 300<<10/16)
+		first := ReadBody(c.body(0), true, true)
+		var second Identity
+		for turn := 1; turn < 8; turn++ {
+			body := c.body(turn)
+			got := ReadBody(body[:min(len(body), scan)], true, true)
+			if turn == 1 {
+				second = got
+			}
+			if got.Key == 0 || got != second || got.Parent != first.Key {
+				t.Errorf("%s turn %d: %+v, want the key of turn 2 (%+v), child of turn 1's %x", api, turn+1, got, second, first.Key)
+			}
+		}
 	}
 }
 
