@@ -230,14 +230,14 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 		g.noteLateReturn(key, now.UnixNano())
 		g.noteDeclared(key, body.Prefix)
 	}
-	switch {
-	case g.residents[key] != nil:
-		if g.residents[key].running == 0 {
+	switch res := g.residents[key]; {
+	case res != nil && !outgrows(t, res):
+		if res.running == 0 {
 			g.noteReturn(false)
 		}
 		t.resident = true
-		t.side = sideCall(t, g.residents[key])
-		g.admit(t, g.residents[key].rep)
+		t.side = sideCall(t, res)
+		g.admit(t, res.rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
 	case v.headStaggered() && v.admitOne(t, now.UnixNano(), false):
 	case len(g.queue) >= v.cfg.Admission.MaxQueue:
@@ -609,10 +609,11 @@ func (v *View) admitQueued(now int64) []func() {
 // resident on, if it is: another of its turns was admitted meanwhile.
 func (g *gate) admitResident(t *Ticket) bool {
 	res := g.residents[t.key]
-	if res != nil {
-		g.admit(t, res.rep)
+	if res == nil || outgrows(t, res) {
+		return false
 	}
-	return res != nil
+	g.admit(t, res.rep)
+	return true
 }
 
 // admitOne admits t (g.mu held) to the replica its conversation is resident

@@ -52,3 +52,26 @@ func TestAdmissionUnsizedTurnIsNoSideCall(t *testing.T) {
 		}
 	}
 }
+
+// A side call that opens a residency (Claude Code titles a prompt before
+// sending it) does not let the conversation's turn in without room.
+func TestAdmissionSideCallFirstOpensNoBackDoor(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
+	}})
+	turn := func(key string, tokens int) *Ticket {
+		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+	}
+	a := turn("a", 80)
+	title := turn("b", 5)
+	mustState(t, title, Admitted) // 85 fit
+	b := turn("b", 60)
+	mustState(t, b, Waiting)
+	title.End(t0, Reply{TaskEnded: true})
+	mustState(t, b, Waiting)
+	a.End(t0, Reply{TaskEnded: true})
+	mustState(t, b, Admitted)
+	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 60 {
+		t.Fatalf("%d residents holding %d tokens, want b alone holding 60", got.Residents, got.ResidentTokens)
+	}
+}

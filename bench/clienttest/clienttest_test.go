@@ -43,7 +43,7 @@ func TestClients(t *testing.T) {
 
 func testClient(t *testing.T, c client) {
 	bin, version := findCLI(t, c)
-	f := startFleet(t)
+	f := startFleet(t, fleetOptions{})
 	home := t.TempDir()
 	env, err := c.setup(f, home)
 	if err != nil {

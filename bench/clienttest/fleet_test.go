@@ -52,13 +52,21 @@ func TestMain(m *testing.M) {
 // fleet is Caddy with `lb_policy warden` and the model's default keying in front of
 // simulated vLLM replicas run in the test, each recording what it served.
 type fleet struct {
-	url string // Caddy's site, http://host:port
-	rec *recorder
-	log *syncWriter // Caddy's log, with an access log line per request
+	url   string // Caddy's site, http://host:port
+	admin string // Caddy's admin API, host:port
+	rec   *recorder
+	log   *syncWriter // Caddy's log, with an access log line per request
+}
+
+// fleetOptions change the fleet from its defaults.
+type fleetOptions struct {
+	// loadControl turns the model's load control on, with residencies that outlast the
+	// test's pauses, and puts warden_stop_reason in the site.
+	loadControl bool
 }
 
 // startFleet starts the replicas (named r0, r1...) and Caddy for the test's duration.
-func startFleet(t *testing.T) *fleet {
+func startFleet(t *testing.T, opts fleetOptions) *fleet {
 	t.Helper()
 	bin, err := caddyBin()
 	if err != nil {
@@ -93,6 +101,10 @@ func startFleet(t *testing.T) *fleet {
 	}
 	ports := testnet.Addrs(t, 2)
 	admin, site := ports[0], ports[1]
+	loadControl, stopReason := "", ""
+	if opts.loadControl {
+		loadControl, stopReason = "load_control {\n\t\t\t\tlinger 1m\n\t\t\t}", "warden_stop_reason"
+	}
 	caddyfile := fmt.Sprintf(`{
 	admin %[1]s
 	default_bind 127.0.0.1
@@ -101,6 +113,7 @@ func startFleet(t *testing.T) *fleet {
 			replicas %[3]s
 			max_num_seqs 32
 			metrics_interval 100ms
+			%[5]s
 		}
 	}
 }
@@ -109,12 +122,13 @@ http://%[4]s {
 		output stderr
 		format json
 	}
+	%[6]s
 	reverse_proxy %[3]s {
 		lb_policy warden %[2]s
 		flush_interval -1
 	}
 }
-`, admin, model, strings.Join(addrs, " "), site)
+`, admin, model, strings.Join(addrs, " "), site, loadControl, stopReason)
 	log := &syncWriter{}
 	proc, err := caddyproc.Start(bin, caddyfile, admin, log)
 	if err != nil {
@@ -126,7 +140,7 @@ http://%[4]s {
 			t.Logf("Caddy's log:\n%s", log.String())
 		}
 	})
-	f := &fleet{url: "http://" + site, rec: rec, log: log}
+	f := &fleet{url: "http://" + site, admin: admin, rec: rec, log: log}
 	f.waitReady(t)
 	return f
 }
