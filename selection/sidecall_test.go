@@ -5,16 +5,22 @@ import (
 	"time"
 )
 
+// sideCallRouter is one replica whose cache holds 100 tokens, and turn, which
+// asks it to admit a turn of key sized tokens.
+func sideCallRouter() (testRouter, func(key string, tokens int) *Ticket) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
+	}})
+	return r, func(key string, tokens int) *Ticket {
+		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+	}
+}
+
 // A side call of a resident conversation (a title, a classifier: a prompt
 // far smaller than the conversation's) neither shrinks the residency nor
 // ends it with its end_turn; the conversation's own turns still do.
 func TestAdmissionSideCallNeitherSizesNorEndsTheResidency(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
-	}})
-	turn := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
-	}
+	r, turn := sideCallRouter()
 	a := turn("a", 80)
 	a.End(t0, Reply{PromptTokens: 80})
 	title := turn("a", 10)
@@ -42,10 +48,8 @@ func TestAdmissionSideCallNeitherSizesNorEndsTheResidency(t *testing.T) {
 // small count says nothing of its prompt.
 func TestAdmissionUnsizedTurnIsNoSideCall(t *testing.T) {
 	for _, body := range []Body{{}, {Bytes: 8, Partial: true}} {
-		r := newTestRouter(1, Config{Admission: AdmissionConfig{
-			Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
-		}})
-		r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil).End(t0, Reply{PromptTokens: 80})
+		r, turn := sideCallRouter()
+		turn("a", 80).End(t0, Reply{PromptTokens: 80})
 		r.Admit(HashKey("a"), body, nil, t0, nil).End(t0, Reply{PromptTokens: 85, TaskEnded: true})
 		if got := r.Status().Replicas[0]; got.Residents != 0 {
 			t.Errorf("body %+v: its task end left a resident, want the conversation gone", body)
@@ -56,12 +60,7 @@ func TestAdmissionUnsizedTurnIsNoSideCall(t *testing.T) {
 // A side call that opens a residency (Claude Code titles a prompt before
 // sending it) does not let the conversation's turn in without room.
 func TestAdmissionSideCallFirstOpensNoBackDoor(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
-	}})
-	turn := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
-	}
+	r, turn := sideCallRouter()
 	a := turn("a", 80)
 	title := turn("b", 5)
 	mustState(t, title, Admitted) // 85 fit
