@@ -135,6 +135,7 @@ type Ticket struct {
 	res      *resident // set once admitted
 	resident bool      // its conversation was resident when it arrived
 	side     bool      // a side call of its resident conversation (sidecall.go)
+	opened   bool      // its admission made its conversation resident
 	// placedBeside: the turn was placed by load (its conversation new, or
 	// its pin without room) on a replica that held residents, where its
 	// reply's cached part is the prefix it shares with them
@@ -374,15 +375,16 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 
 // Cancel takes a waiting turn out of the queue (its client went away) and
 // reports whether it was waiting. An admitted turn is ended as by Done,
-// except one admitted as its client left to a residency no other turn was
-// admitted to: never sent, it ends that residency at once.
+// except one admitted as its client left to a residency its admission
+// opened and no other turn was admitted to: never sent, it ends that
+// residency at once.
 func (t *Ticket) Cancel(now time.Time) bool {
 	if t == nil {
 		return false
 	}
 	g := t.view.router.gate
 	g.mu.Lock()
-	if t.state == Admitted && t.res.running == 1 && t.res.turns == 1 {
+	if t.state == Admitted && t.opened && t.res.running == 1 && t.res.turns == 1 {
 		// Admitted as its client left, it was never sent: the residency it
 		// alone was admitted to keeps no room.
 		t.state = Gone
@@ -470,6 +472,7 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 	if res == nil {
 		res = &resident{key: t.key}
 		g.residents[t.key] = res
+		t.opened = true
 	} else {
 		g.unlinkIdle(res)
 		g.hold(res, -1)

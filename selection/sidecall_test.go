@@ -74,3 +74,14 @@ func TestAdmissionSideCallFirstOpensNoBackDoor(t *testing.T) {
 		t.Fatalf("%d residents holding %d tokens, want b alone holding 60", got.Residents, got.ResidentTokens)
 	}
 }
+
+// A side call whose client leaves as it is admitted ends as by Done: the
+// residency it joined stays.
+func TestAdmissionCancelledSideCallKeepsTheResidency(t *testing.T) {
+	r, turn := sideCallRouter()
+	turn("a", 80).End(t0, Reply{PromptTokens: 80})
+	turn("a", 10).Cancel(t0)
+	if got := r.Status().Replicas[0]; got.Residents != 1 {
+		t.Fatalf("%d residents after a cancelled side call, want a still resident", got.Residents)
+	}
+}
