@@ -152,6 +152,9 @@ type resident struct {
 	turns     int           // turns admitted since it became resident
 	idleSince int64         // when the last turn ended, if running is 0
 	idle      *list.Element // its place in gate.idle while it is idle
+	// taskEnded: the reply of its latest own turn (not a side call) to end
+	// ended the agent's task; whichever turn ends last acts on it.
+	taskEnded bool
 }
 
 // gate is a router's load-control state; it outlives config loads.
@@ -231,13 +234,12 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 		g.noteLateReturn(key, now.UnixNano())
 		g.noteDeclared(key, body.Prefix)
 	}
-	switch res := g.residents[key]; {
-	case res != nil && !outgrows(t, res):
+	switch res := g.rides(t); {
+	case res != nil:
 		if res.running == 0 {
 			g.noteReturn(false)
 		}
 		t.resident = true
-		t.side = sideCall(t, res)
 		g.admit(t, res.rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
 	case v.headStaggered() && v.admitOne(t, now.UnixNano(), false):
@@ -336,11 +338,17 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	t.state = Gone
 	t.res.running--
+	// A turn its conversation's has since outgrown (a title that opened the
+	// residency) is a side call by now.
+	side := t.side || sideCall(t, t.res)
+	if !side {
+		t.res.taskEnded = reply.TaskEnded
+	}
 	underestimated := false
 	if reply.PromptTokens > 0 && !t.body.Partial {
 		t.view.router.learnTokenSize(t.body.Bytes, reply.PromptTokens)
 	}
-	if reply.PromptTokens > 0 && !t.side {
+	if reply.PromptTokens > 0 && !side {
 		g.countReply(t.resident, reply)
 		// vLLM leaves the cached part out when it is 0: once it has
 		// reported one, a reply without it found nothing cached.
@@ -354,12 +362,11 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	if t.res.running == 0 {
 		q := t.view.cfg.Admission.Quantum
-		own := !t.side // a side call neither ends its conversation's residency nor yields it
 		switch {
-		case own && reply.TaskEnded:
+		case t.res.taskEnded:
 			g.drop(t.res)
 			g.taskEnded++
-		case own && q > 0 && t.res.turns >= q && len(g.queue) > 0:
+		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
 			g.drop(t.res) // its quantum is used up and others wait: it yields
 		case underestimated && !t.view.fits(t.res.rep):
 			g.drop(t.res) // admitted on a size too small, it overfills its replica
@@ -469,6 +476,7 @@ func (v *View) Admission() AdmissionConfig { return v.cfg.Admission }
 // admit makes t's conversation resident on rep (g.mu held).
 func (g *gate) admit(t *Ticket, rep *replicaState) {
 	res := g.residents[t.key]
+	t.side = res != nil && sideCall(t, res)
 	if res == nil {
 		res = &resident{key: t.key}
 		g.residents[t.key] = res
@@ -484,6 +492,7 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 	if !t.side {
 		res.tokens = t.tokens
 		res.turns++
+		res.taskEnded = false
 	}
 	g.hold(res, +1)
 	res.running++
@@ -587,8 +596,8 @@ func (v *View) admitQueued(now int64) []func() {
 	headBlocked := false
 	for i := 0; i < len(g.queue); {
 		t := g.queue[i]
-		if headBlocked && g.residents[t.key] == nil {
-			i++ // the head waits for room: only a turn of a resident conversation, which takes none, passes it
+		if headBlocked && g.rides(t) == nil {
+			i++ // the head waits for room: only a turn riding its conversation's residency, which takes none, passes it
 			continue
 		}
 		t.estimate()
@@ -611,8 +620,8 @@ func (v *View) admitQueued(now int64) []func() {
 // admitResident admits t (g.mu held) to the replica its conversation is
 // resident on, if it is: another of its turns was admitted meanwhile.
 func (g *gate) admitResident(t *Ticket) bool {
-	res := g.residents[t.key]
-	if res == nil || outgrows(t, res) {
+	res := g.rides(t)
+	if res == nil {
 		return false
 	}
 	g.admit(t, res.rep)
@@ -629,7 +638,7 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 		return true
 	}
 	pin := r.pinOf(t.key, now, int64(v.cfg.SessionTTL))
-	if pin != nil && v.usable(pin, t.usable) && v.hasRoom(pin, t.tokens) {
+	if pin != nil && v.usable(pin, t.usable) && v.roomFor(pin, t) {
 		r.gate.admit(t, pin)
 		return true
 	}
@@ -638,7 +647,7 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	}
 	healthy := v.anyHealthy(t.usable)
 	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool {
-		return v.mayTakeNewcomer(s, now) && v.takes(s, t.tokens, healthy)
+		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy)
 	})
 	if s == nil {
 		return false
@@ -654,8 +663,8 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 // has room, and it is healthy unless no replica is (anyHealthy). Health
 // read from /metrics may be wrong everywhere, and without load control
 // those turns would be sent anyway.
-func (v *View) takes(s *replicaState, tokens int, anyHealthy bool) bool {
-	return (s.healthy.Load() || !anyHealthy) && v.hasRoom(s, tokens)
+func (v *View) takes(s *replicaState, t *Ticket, anyHealthy bool) bool {
+	return (s.healthy.Load() || !anyHealthy) && v.roomFor(s, t)
 }
 
 // anyHealthy reports whether a usable replica is healthy.
@@ -685,8 +694,24 @@ func (r *Router) settle(key uint64, s *replicaState, now int64) {
 // however long, and every replica takes any while load control steps
 // aside.
 func (v *View) hasRoom(s *replicaState, tokens int) bool {
+	return v.room(s, v.router.gate.held[s], tokens)
+}
+
+// roomFor is hasRoom for t's turn, whose conversation, resident on s (a
+// turn that outgrew its residency), counts at t's size only.
+func (v *View) roomFor(s *replicaState, t *Ticket) bool {
+	held := v.router.gate.held[s]
+	if res := v.router.gate.residents[t.key]; res != nil && res.rep == s {
+		held.count--
+		held.tokens -= res.tokens
+	}
+	return v.room(s, held, t.tokens)
+}
+
+// room reports whether s, holding held, has room for a prompt of tokens
+// more.
+func (v *View) room(s *replicaState, held residency, tokens int) bool {
 	g := v.router.gate
-	held := g.held[s]
 	if n, _ := held.with(tokens); n <= v.cfg.Admission.MinResidents || g.aside.Load() {
 		return true
 	}

@@ -11,9 +11,13 @@ package selection
 //
 // A side call may also come first: Claude Code titles each prompt of an
 // interactive session before sending it, so a conversation that is not
-// resident becomes so on its title's small prompt. A turn larger than that
-// residency by the same ratio must then find room as a newcomer would,
-// instead of riding in on it.
+// resident becomes so on its title's small prompt. A turn larger than its
+// residency by the same ratio (that title's, or a conversation grown that
+// much at once) must then find room as a newcomer would, its residency
+// counted at the turn's size, instead of riding in on it; it waits in order.
+// The title is a side call from then on: its reply, ending after the turn
+// that outgrew it, neither ends nor sizes the residency. Whichever turn ends
+// last acts on the task end its conversation's own latest turn read.
 //
 // After a compaction this keeps the residency at its old size until the
 // conversation leaves (its task ends, or it lingers past linger): room held
@@ -25,10 +29,18 @@ package selection
 const sideShare = 0.25
 
 // outgrows reports whether t, a turn of res's conversation, is larger than
-// what res holds by more than the side-call ratio: res was opened by a side
-// call.
+// what res holds by more than the side-call ratio.
 func outgrows(t *Ticket, res *resident) bool {
 	return sideShare*float64(t.tokens) > float64(res.tokens)
+}
+
+// rides returns the residency t's turn runs on without finding room: its
+// conversation's, unless t outgrows it; nil when there is none.
+func (g *gate) rides(t *Ticket) *resident {
+	if res := g.residents[t.key]; res != nil && !outgrows(t, res) {
+		return res
+	}
+	return nil
 }
 
 // sideCall reports whether t, a turn of res's conversation, is a side call.

@@ -8,8 +8,14 @@ import (
 // sideCallRouter is one replica whose cache holds 100 tokens, and turn, which
 // asks it to admit a turn of key sized tokens.
 func sideCallRouter() (testRouter, func(key string, tokens int) *Ticket) {
+	return sideCallRouterTaking(1)
+}
+
+// sideCallRouterTaking is sideCallRouter taking minResidents conversations
+// however large.
+func sideCallRouterTaking(minResidents int) (testRouter, func(key string, tokens int) *Ticket) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
+		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: minResidents, Linger: time.Minute, Quantum: -1,
 	}})
 	return r, func(key string, tokens int) *Ticket {
 		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
@@ -84,4 +90,98 @@ func TestAdmissionCancelledSideCallKeepsTheResidency(t *testing.T) {
 	if got := r.Status().Replicas[0]; got.Residents != 1 {
 		t.Fatalf("%d residents after a cancelled side call, want a still resident", got.Residents)
 	}
+}
+
+// A side call admitted from the queue, or forced, is one too: it does not
+// size the residency its conversation's turn holds.
+func TestAdmissionQueuedOrForcedSideCallKeepsTheSize(t *testing.T) {
+	t.Run("queued", func(t *testing.T) {
+		r, turn := sideCallRouter()
+		a := turn("a", 90)
+		x, title := turn("x", 80), turn("x", 5)
+		mustState(t, title, Waiting)
+		a.End(t0, Reply{TaskEnded: true})
+		mustState(t, x, Admitted)
+		mustState(t, title, Admitted)
+		if got := r.Status().Replicas[0].ResidentTokens; got != 80 {
+			t.Fatalf("x holds %d tokens while its 80-token turn runs, want 80", got)
+		}
+		mustState(t, turn("b", 60), Waiting)
+	})
+	t.Run("forced", func(t *testing.T) {
+		r, turn := sideCallRouter()
+		turn("a", 90)
+		x, title := turn("x", 80), turn("x", 5)
+		x.Force(t0)
+		title.Force(t0)
+		if got := r.Status().Replicas[0].ResidentTokens; got != 90+80 {
+			t.Fatalf("holding %d tokens, want a's 90 and x's 80", got)
+		}
+	})
+}
+
+// The title that opened a residency is a side call once its conversation's
+// turn has outgrown it: ending last, it neither ends nor resizes it.
+func TestAdmissionOpeningTitleEndingLastIsASideCall(t *testing.T) {
+	r, turn := sideCallRouter()
+	title := turn("x", 5)
+	x := turn("x", 60)
+	mustState(t, x, Admitted)
+	x.End(t0, Reply{PromptTokens: 60}) // a tool call: the agent comes back
+	title.End(t0, Reply{PromptTokens: 5, TaskEnded: true})
+	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 60 {
+		t.Fatalf("%d residents holding %d tokens, want x holding 60", got.Residents, got.ResidentTokens)
+	}
+}
+
+// A side call that ends after its conversation's turn ended the task ends
+// the residency, as that turn would have ending last.
+func TestAdmissionSideCallEndingLastKeepsTheTaskEnd(t *testing.T) {
+	r, turn := sideCallRouter()
+	x := turn("x", 80)
+	title := turn("x", 10)
+	b := turn("b", 30)
+	mustState(t, b, Waiting)
+	x.End(t0, Reply{PromptTokens: 80, TaskEnded: true})
+	title.End(t0, Reply{PromptTokens: 10, TaskEnded: true})
+	mustState(t, b, Admitted)
+	if got := r.Status().Replicas[0].Residents; got != 1 {
+		t.Fatalf("%d residents, want b alone", got)
+	}
+}
+
+// A turn that outgrows its residency waits in order like a newcomer: it
+// does not pass a head waiting for room.
+func TestAdmissionOutgrowingTurnKeepsItsPlaceInTheQueue(t *testing.T) {
+	_, turn := sideCallRouter()
+	turn("a", 50)
+	turn("x", 5)
+	d := turn("d", 10)
+	c, x := turn("c", 50), turn("x", 30)
+	mustState(t, c, Waiting)
+	d.End(t0, Reply{TaskEnded: true}) // 55 held: c still does not fit
+	mustState(t, c, Waiting)
+	mustState(t, x, Waiting)
+}
+
+// A turn that outgrows its residency is sized on its replica in place of
+// it, not beside it.
+func TestAdmissionOutgrowingTurnReplacesItsResidency(t *testing.T) {
+	t.Run("min residents", func(t *testing.T) {
+		_, turn := sideCallRouterTaking(2)
+		turn("a", 90)
+		turn("x", 5)
+		mustState(t, turn("x", 200), Admitted) // two conversations, however large
+	})
+	t.Run("tokens", func(t *testing.T) {
+		_, turn := sideCallRouter()
+		turn("a", 38)
+		turn("x", 5)
+		mustState(t, turn("x", 60), Admitted) // 98 of 100
+	})
+	t.Run("alone", func(t *testing.T) {
+		_, turn := sideCallRouter()
+		turn("x", 20).End(t0, Reply{PromptTokens: 20})
+		mustState(t, turn("x", 85), Admitted) // grown past four times, alone on its replica
+	})
 }

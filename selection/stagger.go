@@ -51,7 +51,7 @@ func (v *View) staggeredOnly(t *Ticket) bool {
 		return false
 	}
 	healthy := v.anyHealthy(t.usable)
-	return v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.takes(s, t.tokens, healthy) }) != nil
+	return v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.takes(s, t, healthy) }) != nil
 }
 
 // headStaggered reports whether the queue's head waits for a stagger alone,
