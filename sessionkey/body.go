@@ -266,7 +266,8 @@ func fingerprintOf(dec *json.Decoder, system json.RawMessage) (fp Identity, resu
 		// marker, a dropped thinking block) of the scan's end may be cut on
 		// one turn and not the next.
 		if !dec.More() {
-			if tok, err := dec.Token(); err != nil || tok != json.Delim(']') {
+			// The list's end, or a scan cut right after the reply.
+			if tok, err := dec.Token(); err == nil && tok != json.Delim(']') {
 				return Identity{}, false
 			}
 		} else {

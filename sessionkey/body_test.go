@@ -232,6 +232,10 @@ func TestFingerprintCutShort(t *testing.T) {
 	if withoutNext.Key == 0 || withoutNext.Key == full.Key || withoutNext.Parent != full.Parent {
 		t.Fatalf("cut inside the message after the first reply: %+v, full body %+v", withoutNext, full)
 	}
+	comma := strings.LastIndex(string(body[:strings.Index(string(body), "follow-up 0")]), ",")
+	if got := ReadBody(body[:comma], true, true); got != withoutNext {
+		t.Fatalf("cut right after the first reply: %+v, want %+v", got, withoutNext)
+	}
 	for cut := 0; cut < len(body); cut += 7 {
 		got := ReadBody(body[:cut], true, true)
 		if got.Key != 0 && got != full && got != withoutNext {
