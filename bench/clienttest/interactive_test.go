@@ -60,7 +60,6 @@ func TestClaudeCodeInteractive(t *testing.T) {
 
 	term := startTerminal(t, bin, dir, env, "--model", model)
 	term.waitFor(t, "the input prompt", func() bool { return strings.Contains(term.printed(), "❯") })
-	time.Sleep(2 * time.Second) // the rest of the screen settles; keys typed earlier may be lost
 
 	var turns []turn
 	for i := range 2 {
@@ -73,7 +72,6 @@ func TestClaudeCodeInteractive(t *testing.T) {
 			})
 			return served && f.loadControl(t).Replies.Read >= i+1
 		})
-		time.Sleep(time.Second) // the reply shown, the CLI waits for the next prompt
 		turns = append(turns, turn{name: name, reqs: f.rec.since(mark)})
 	}
 	term.typeLine(t, "/exit")
@@ -169,7 +167,7 @@ func startTerminal(t *testing.T, bin, dir string, env []string, args ...string) 
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Dir, cmd.Env = dir, env
-	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 50, Cols: 120})
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 50, Cols: 200}) // wide: a prompt typed is not wrapped
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,14 +224,28 @@ func (term *terminal) waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// typeLine types s, then Enter a moment later, as a person would: keys that come with
-// the text in one read are taken for a paste.
+// typeLine types s and, once the CLI shows it, Enter, as a person would: an Enter that
+// comes with the text in one read is taken for part of a paste. Keys typed before the
+// input box is live are lost: the text is typed again (the box cleared first with
+// Ctrl-U) until it shows.
 func (term *terminal) typeLine(t *testing.T, s string) {
 	t.Helper()
-	if _, err := term.pty.WriteString(s); err != nil {
-		t.Fatal(err)
+	word := slices.MaxFunc(strings.Fields(s), func(a, b string) int { return len(a) - len(b) }) // drawn whole
+	deadline := time.Now().Add(terminalTimeout)
+	for shown := false; !shown; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the CLI did not show %q typed within %v", s, terminalTimeout)
+		}
+		from := len(term.printed())
+		if _, err := term.pty.WriteString("\x15" + s); err != nil {
+			t.Fatal(err)
+		}
+		for wait := time.Now().Add(5 * time.Second); !shown && time.Now().Before(wait); {
+			time.Sleep(100 * time.Millisecond)
+			shown = strings.Contains(term.printed()[from:], word)
+		}
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
 	if _, err := term.pty.WriteString("\r"); err != nil {
 		t.Fatal(err)
 	}
