@@ -1,0 +1,144 @@
+package selection
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// FuzzAdmission drives load control with turns of a few conversations, of
+// sizes that make side calls and outgrowing turns, ended, cancelled, forced
+// and expired in any order, and checks its books after every step: what each
+// replica holds is the sum of its residents, a running turn's residency is
+// there, the idle list is the idle residents, the queue the waiting turns
+// and no longer than max_queue. Once every turn has ended and linger has
+// passed, nothing is held.
+func FuzzAdmission(f *testing.F) {
+	f.Add([]byte{0, 3, 0, 1, 0, 9, 1, 0, 2, 1, 4, 0})
+	f.Add([]byte{0, 0, 0, 4, 0, 8, 0, 2, 1, 1, 3, 2, 5, 0, 4, 9})
+	f.Add([]byte{0, 1, 0, 0, 0, 5, 0, 9, 1, 0, 1, 1, 1, 2, 1, 3, 4, 7})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		r := newTestRouter(2, Config{Admission: AdmissionConfig{
+			Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
+			Linger: 10 * time.Second, MaxQueue: 4, Quantum: 3,
+		}})
+		sizes := []int{1, 5, 20, 40, 60, 90, 200}
+		now := t0
+		var tickets []*Ticket
+		for i := 0; i+1 < len(ops); i += 2 {
+			op, arg := ops[i]%6, int(ops[i+1])
+			nth := func() *Ticket {
+				if len(tickets) == 0 {
+					return nil
+				}
+				return tickets[arg%len(tickets)]
+			}
+			switch op {
+			case 0:
+				key := HashKey(fmt.Sprint("c", arg%4))
+				tokens := sizes[(arg/4)%len(sizes)]
+				tickets = append(tickets, r.Admit(key, Body{Bytes: int64(tokens * BytesPerToken)}, nil, now, nil))
+			case 1:
+				if tk := nth(); tk != nil {
+					tk.End(now, Reply{TaskEnded: arg%3 == 0, PromptTokens: sizes[arg%len(sizes)]})
+				}
+			case 2:
+				if tk := nth(); tk != nil {
+					tk.Cancel(now)
+				}
+			case 3:
+				if tk := nth(); tk != nil {
+					tk.Force(now)
+				}
+			case 4:
+				now = now.Add(time.Duration(arg%16) * time.Second)
+				r.Sweep(now)
+			case 5:
+				if tk := nth(); tk != nil {
+					tk.Done(now)
+				}
+			}
+			checkAdmissionBooks(t, r, tickets, i/2)
+		}
+		for _, tk := range tickets {
+			tk.Cancel(now)
+			tk.Done(now)
+		}
+		r.Sweep(now.Add(time.Minute))
+		checkAdmissionBooks(t, r, tickets, -1)
+		g := r.Router.gate
+		if len(g.residents) != 0 || len(g.queue) != 0 {
+			t.Fatalf("after every turn ended and linger passed: %d residents, %d queued", len(g.residents), len(g.queue))
+		}
+		for s, h := range g.held {
+			if h != (residency{}) {
+				t.Fatalf("replica %s still holds %+v", s.ID, h)
+			}
+		}
+	})
+}
+
+// checkAdmissionBooks checks load control's invariants after step (-1: the
+// end).
+func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int) {
+	t.Helper()
+	g := r.Router.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("step %d: "+format, append([]any{step}, args...)...)
+	}
+	sums := map[*replicaState]residency{}
+	idle := 0
+	for key, res := range g.residents {
+		if res.key != key {
+			fail("resident %x filed under %x", res.key, key)
+		}
+		h := sums[res.rep]
+		h.count++
+		h.tokens += res.tokens
+		sums[res.rep] = h
+		if res.running < 0 {
+			fail("resident %x runs %d turns", key, res.running)
+		}
+		if (res.running == 0) != (res.idle != nil) {
+			fail("resident %x runs %d turns, in the idle list: %v", key, res.running, res.idle != nil)
+		}
+		if res.idle != nil {
+			idle++
+		}
+	}
+	if idle != g.idle.Len() {
+		fail("%d idle residents, %d in the idle list", idle, g.idle.Len())
+	}
+	for s, h := range g.held {
+		if h != sums[s] {
+			fail("replica %s holds %+v, its residents add up to %+v", s.ID, h, sums[s])
+		}
+	}
+	running := map[*resident]int{}
+	waiting := 0
+	for _, tk := range tickets {
+		if tk == nil {
+			continue
+		}
+		switch tk.state {
+		case Admitted:
+			if g.residents[tk.key] != tk.res {
+				fail("a running turn's residency is gone")
+			}
+			running[tk.res]++
+		case Waiting:
+			waiting++
+		}
+	}
+	for _, res := range g.residents {
+		if running[res] != res.running {
+			fail("resident %x counts %d running turns, %d are", res.key, res.running, running[res])
+		}
+	}
+	if waiting != len(g.queue) || len(g.queue) > r.View.cfg.Admission.MaxQueue {
+		fail("%d waiting turns, %d queued, max_queue %d", waiting, len(g.queue), r.View.cfg.Admission.MaxQueue)
+	}
+}
