@@ -224,7 +224,8 @@ func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
 			}
 		}
 		want := map[string]float64{"admitted": float64(st.Admitted), "queued": float64(st.Queued), "forced": float64(st.Forced),
-			"refused": float64(st.Refused), "cancelled": float64(st.Cancelled), "task_ended": float64(st.TaskEnded)}
+			"refused": float64(st.Refused), "cancelled": float64(st.Cancelled), "task_ended": float64(st.TaskEnded),
+			"side_call": float64(st.SideCalls)}
 		if !maps.Equal(turns, want) {
 			t.Errorf("turns_total %v, admin JSON %v", turns, want)
 		}
