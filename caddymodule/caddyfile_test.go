@@ -134,7 +134,10 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tcapacity_tokens -1\n\t\t}"), 5, `capacity_tokens: expected a number of tokens, or 0 to read it from /metrics, got "-1"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 5 6\n\t\t}"), 5, `max_queue: unexpected argument "6"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tqueue 5\n\t\t}"), 5,
-			`unrecognized load_control option "queue"; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum, stagger or min_residents`},
+			`unrecognized load_control option "queue"; expected fill, fill_range, linger, max_wait, max_queue, capacity_tokens, quantum, stagger, min_residents or touch`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.9\n\t\t}"), 5, "fill_range: expected a positive number such as 1.2"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.97 0.99\n\t\t}"), 6, "fill_min and fill_max go together, with fill (0.95) between them, got 0.97 and 0.99"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\ttouch maybe\n\t\t}"), 5, `touch: expected on or off, got "maybe"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tstagger soon\n\t\t}"), 5, `stagger: expected a duration such as 30s, or off, got "soon"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmin_residents 0\n\t\t}"), 5, `min_residents: expected a positive integer, got "0"`},
 		// The option and model lines themselves.
@@ -256,6 +259,8 @@ func TestParseLoadControl(t *testing.T) {
 		{"load_control {\n\t\t\tfill 1\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tmin_residents 3\n\t\t}",
 			selection.AdmissionConfig{Enabled: true, Fill: 1, Quantum: -1, Stagger: 15 * time.Second, MinResidents: 3}},
 		{"load_control {\n\t\t\tstagger off\n\t\t}", selection.AdmissionConfig{Enabled: true}},
+		{"load_control {\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tfill_range 0.92 0.98\n\t\t\ttouch on\n\t\t}",
+			selection.AdmissionConfig{Enabled: true, Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true}},
 	} {
 		if got := parse(t, c.lines).admission(); got != c.want {
 			t.Errorf("%q: %+v, want %+v", c.lines, got, c.want)
@@ -282,6 +287,10 @@ func TestLoadControlValidate(t *testing.T) {
 		{LoadControlConfig{CapacityTokens: -1}, "capacity_tokens must not be negative"},
 		{LoadControlConfig{Stagger: -1}, "stagger must not be negative"},
 		{LoadControlConfig{MinResidents: -1}, "min_residents must be positive"},
+		{LoadControlConfig{FillMin: 0.92, FillMax: 0.98}, ""},
+		{LoadControlConfig{FillMax: 0.98}, "fill_min and fill_max go together"},
+		{LoadControlConfig{Fill: 1, FillMin: 0.92, FillMax: 0.98}, "with fill (1) between them"},
+		{LoadControlConfig{FillMin: 0.92, FillMax: math.Inf(1)}, "fill_min and fill_max go together"},
 	} {
 		m := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}, LoadControl: &c.lc}
 		err := m.validate("m")

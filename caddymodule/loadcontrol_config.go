@@ -53,6 +53,22 @@ type LoadControlConfig struct {
 	// they are (default 2: holding one, a replica idles through its tool
 	// pauses).
 	MinResidents int `json:"min_residents,omitempty"`
+	// FillMin and FillMax, given together, let each replica's fill follow
+	// how much of its resident turns' prompts the replies say was cached
+	// (read by warden_stop_reason; vLLM needs
+	// --enable-prompt-tokens-details): from FillMax, lower by 0.02 after
+	// each 4 resident turns that found under 85% cached, down to FillMin,
+	// and higher by 0.02 after each 4 that found 92%, up to FillMax; Fill
+	// until a reply reports its cached part (default: off, Fill throughout).
+	FillMin float64 `json:"fill_min,omitempty"`
+	FillMax float64 `json:"fill_max,omitempty"`
+	// Touch: after a resident conversation leaves a replica, the replica
+	// takes its next new conversation only once each resident idle since
+	// before has begun a turn again (at most a linger), unless the
+	// departed's cache, the residents' and the newcomer's fit together.
+	// vLLM evicts the blocks freed longest ago first: those of the idle
+	// resident due back soonest, not the departed's (default off).
+	Touch bool `json:"touch,omitempty"`
 }
 
 // admission is the routing core's form of c; nil is off.
@@ -70,6 +86,9 @@ func (c *LoadControlConfig) admission() selection.AdmissionConfig {
 		Quantum:        c.Quantum,
 		Stagger:        time.Duration(c.Stagger),
 		MinResidents:   c.MinResidents,
+		FillMin:        c.FillMin,
+		FillMax:        c.FillMax,
+		Touch:          c.Touch,
 	}
 }
 
@@ -92,6 +111,22 @@ func (c *LoadControlConfig) validate() error {
 		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
 	case c.Quantum < -1:
 		return fmt.Errorf("load_control: quantum must be a number of turns, 0 for the default (%d) or -1 for never", selection.DefaultAdmissionQuantum)
+	}
+	return c.validateFillRange()
+}
+
+// validateFillRange checks fill_min and fill_max: neither, or both with
+// fill between them.
+func (c *LoadControlConfig) validateFillRange() error {
+	if c.FillMin == 0 && c.FillMax == 0 {
+		return nil
+	}
+	fill := c.Fill
+	if fill == 0 {
+		fill = selection.DefaultAdmissionFill
+	}
+	if !(c.FillMin > 0 && c.FillMin <= fill && fill <= c.FillMax) || math.IsInf(c.FillMax, 0) {
+		return fmt.Errorf("load_control: fill_min and fill_max go together, with fill (%g) between them, got %g and %g", fill, c.FillMin, c.FillMax)
 	}
 	return nil
 }
@@ -133,8 +168,14 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 			if v, err = durationOrOff(d); v != nil {
 				c.Stagger = *v
 			}
+		case "fill_range":
+			if c.FillMin, err = positiveNumber(d); err == nil {
+				c.FillMax, err = positiveNumber(d)
+			}
+		case "touch":
+			c.Touch, err = onOff(d)
 		default:
-			return nil, d.Errf("unrecognized load_control option %q; expected fill, linger, max_wait, max_queue, capacity_tokens, quantum, stagger or min_residents", opt)
+			return nil, d.Errf("unrecognized load_control option %q; expected fill, fill_range, linger, max_wait, max_queue, capacity_tokens, quantum, stagger, min_residents or touch", opt)
 		}
 		if err != nil {
 			return nil, err
@@ -142,6 +183,9 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 		if d.NextArg() {
 			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
 		}
+	}
+	if err := c.validateFillRange(); err != nil {
+		return nil, d.Errf("%v", err)
 	}
 	return c, nil
 }

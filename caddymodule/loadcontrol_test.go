@@ -38,8 +38,10 @@ func TestLoadControlStatus(t *testing.T) {
 			SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}, capacity: 40000},
 		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
-			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3},
+			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
+			FillMin: 0.7, FillMax: 0.9, Touch: true},
 			want: LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
+				FillMin: 0.7, FillMax: 0.9, Touch: true,
 				SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
 		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: LoadControlStatus{
@@ -60,6 +62,11 @@ func TestLoadControlStatus(t *testing.T) {
 			st := l.status(time.Now())
 			if st.LoadControl != c.want {
 				t.Errorf("load_control %+v, want %+v", st.LoadControl, c.want)
+			}
+			// Until a reply reports its cached part, a replica's fill is
+			// load control's, fill control or not.
+			if got := st.Replicas[0].Fill; got != c.want.Fill {
+				t.Errorf("the replica's fill %v, want %v", got, c.want.Fill)
 			}
 			got := st.Replicas[0].KVCapacityTokens
 			switch {

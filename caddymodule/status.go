@@ -69,6 +69,13 @@ type LoadControlStatus struct {
 	StaggerSeconds float64 `json:"stagger_s"`
 	// MinResidents is how many conversations a replica takes however large.
 	MinResidents int `json:"min_residents"`
+	// FillMin and FillMax bound each replica's fill as its residents' hits
+	// move it (replicas[].fill); 0 when fill control is off.
+	FillMin float64 `json:"fill_min"`
+	FillMax float64 `json:"fill_max"`
+	// Touch: a replica a resident left waits for its idle residents to
+	// begin a turn again before it takes a new conversation.
+	Touch bool `json:"touch"`
 	// Waiting is the number of turns held now.
 	Waiting int `json:"waiting"`
 	// LateShare is the share of idle residents whose residency expired
@@ -203,6 +210,9 @@ type ReplicaStatus struct {
 	// (0 when it is off).
 	Residents      int `json:"residents"`
 	ResidentTokens int `json:"resident_tokens"`
+	// Fill is the share of the replica's KV capacity its residents may take
+	// now: load control's fill, or where fill control moved it.
+	Fill float64 `json:"fill"`
 	// NextNewcomer is when the replica, filling from empty, may take its
 	// next new conversation (load control's stagger); nil (JSON null) when
 	// it takes one whenever it has room.
@@ -266,6 +276,9 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Quantum:            admission.Quantum,
 			StaggerSeconds:     admission.Stagger.Seconds(),
 			MinResidents:       admission.MinResidents,
+			FillMin:            admission.FillMin,
+			FillMax:            admission.FillMax,
+			Touch:              admission.Touch,
 			Waiting:            st.Admission.Waiting,
 			LateShare:          st.Admission.LateShare,
 			SteppedAside:       st.Admission.SteppedAside,
@@ -313,6 +326,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			ActiveSessions: rs.ActiveSessions,
 			Residents:      rs.Residents,
 			ResidentTokens: rs.ResidentTokens,
+			Fill:           rs.Fill,
 		}
 		if rs.NextNewcomer.After(now) {
 			row.NextNewcomer = &rs.NextNewcomer

@@ -80,6 +80,18 @@ type AdmissionConfig struct {
 	// MinResidents is how many conversations a replica takes however large
 	// they are; 0 is DefaultAdmissionMinResidents.
 	MinResidents int
+	// FillMin and FillMax, when set, let each replica's share of cache
+	// follow its resident turns' hits between them, from FillMax, once the
+	// replies report their cached part; until then it is Fill
+	// (fillcontrol.go).
+	FillMin, FillMax float64
+	// Touch: a replica one of whose residents left takes a newcomer only
+	// once each resident idle since before it left has begun a turn again
+	// (or left), unless the departed's prompt, its residents' and the
+	// newcomer's fit in its cache together: the engine's LRU would
+	// otherwise evict, for the newcomer's prefill, the cache of the
+	// resident idle longest, the one due back soonest (touch.go).
+	Touch bool
 }
 
 func (c AdmissionConfig) withDefaults() AdmissionConfig {
@@ -193,6 +205,11 @@ type gate struct {
 	// (sharedprefix.go).
 	shared, declaredShared sharedPrefix
 	declared               declaredPrefixes
+	// owed is, for each replica a resident left, the residents whose
+	// cache the engine would evict before the departed's (touch.go).
+	owed map[*replicaState]*departure
+	// fill is each replica's fill control (fillcontrol.go).
+	fill map[*replicaState]*fillState
 }
 
 // TokenCounts adds up replies' prompts and their cached parts.
@@ -200,7 +217,8 @@ type TokenCounts struct{ Prompt, Cached uint64 }
 
 func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
-		staggering: map[*replicaState]staggering{}, expired: map[uint64]*list.Element{}}
+		staggering: map[*replicaState]staggering{}, expired: map[uint64]*list.Element{},
+		owed: map[*replicaState]*departure{}, fill: map[*replicaState]*fillState{}}
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -350,6 +368,9 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	if reply.PromptTokens > 0 && !side {
 		g.countReply(t.resident, reply)
+		if t.resident && (reply.CacheReported || g.cacheReplies > 0) {
+			t.view.observeFill(t.res.rep, reply)
+		}
 		// vLLM leaves the cached part out when it is 0: once it has
 		// reported one, a reply without it found nothing cached.
 		if t.placedBeside && (reply.CacheReported || g.cacheReplies > 0) {
@@ -364,12 +385,12 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 		q := t.view.cfg.Admission.Quantum
 		switch {
 		case t.res.taskEnded:
-			g.drop(t.res)
+			g.drop(t.res, now.UnixNano())
 			g.taskEnded++
 		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
-			g.drop(t.res) // its quantum is used up and others wait: it yields
+			g.drop(t.res, now.UnixNano()) // its quantum is used up and others wait: it yields
 		case underestimated && !t.view.fits(t.res.rep):
-			g.drop(t.res) // admitted on a size too small, it overfills its replica
+			g.drop(t.res, now.UnixNano()) // admitted on a size too small, it overfills its replica
 		default:
 			t.res.idleSince = now.UnixNano()
 			g.pushIdle(t.res)
@@ -396,7 +417,7 @@ func (t *Ticket) Cancel(now time.Time) bool {
 		// alone was admitted to keeps no room.
 		t.state = Gone
 		t.res.running--
-		g.drop(t.res)
+		g.drop(t.res, 0) // never sent: it cached nothing
 		g.cancelled++
 		notify := t.view.expire(now.UnixNano())
 		g.mu.Unlock()
@@ -553,12 +574,14 @@ func (g *gate) countReply(resident bool, reply Reply) {
 	}
 }
 
-// drop ends res's residency.
-func (g *gate) drop(res *resident) {
+// drop ends res's residency at now (0: it was never sent, and cached
+// nothing).
+func (g *gate) drop(res *resident, now int64) {
 	g.unlinkIdle(res)
 	g.hold(res, -1)
 	delete(g.residents, res.key)
 	g.residentLeft(res.rep)
+	g.left(res, now)
 }
 
 // pushIdle appends res, whose turn just ended, to the idle list.
@@ -580,7 +603,7 @@ func (v *View) expire(now int64) []func() {
 	linger := int64(v.cfg.Admission.Linger)
 	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; e = g.idle.Front() {
 		res := e.Value.(*resident)
-		g.drop(res)
+		g.drop(res, now)
 		g.noteExpiry(res, now, linger)
 	}
 	return v.admitQueued(now)
@@ -647,7 +670,7 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	}
 	healthy := v.anyHealthy(t.usable)
 	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool {
-		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy)
+		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy) && v.touchedAll(s, now, t.tokens)
 	})
 	if s == nil {
 		return false
@@ -722,7 +745,7 @@ func (v *View) room(s *replicaState, held residency, tokens int) bool {
 	if capacity <= 0 {
 		return true // unknown capacity: no control rather than none served
 	}
-	return float64(v.distinct(held, tokens)) <= v.cfg.Admission.Fill*float64(capacity)
+	return float64(v.distinct(held, tokens)) <= v.fillOf(s)*float64(capacity)
 }
 
 func runAll(fns []func()) {
@@ -772,11 +795,13 @@ type AdmissionStatus struct {
 // residency is what a replica holds resident.
 type residency struct{ count, tokens int }
 
-// replicaAdmission is what load control holds on a replica, and when it may
-// next take a newcomer while it fills from empty (zero: not so paced).
+// replicaAdmission is what load control holds on a replica, when it may
+// next take a newcomer while it fills from empty (zero: not so paced), and
+// its fill.
 type replicaAdmission struct {
 	residency
 	nextNewcomer time.Time
+	fill         float64 // the share of its cache its residents may take now
 }
 
 // admissionStatus fills st and returns each replica's residents.
@@ -798,7 +823,7 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {
 		h := g.held[s]
-		out[s] = replicaAdmission{residency{h.count, v.distinct(h, 0)}, v.nextNewcomer(s)}
+		out[s] = replicaAdmission{residency{h.count, v.distinct(h, 0)}, v.nextNewcomer(s), v.fillOf(s)}
 	}
 	return out
 }

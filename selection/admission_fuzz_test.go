@@ -18,9 +18,12 @@ func FuzzAdmission(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 4, 0, 8, 0, 2, 1, 1, 3, 2, 5, 0, 4, 9})
 	f.Add([]byte{0, 1, 0, 0, 0, 5, 0, 9, 1, 0, 1, 1, 1, 2, 1, 3, 4, 7})
 	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) == 0 {
+			return
+		}
 		r := newTestRouter(2, Config{Admission: AdmissionConfig{
 			Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
-			Linger: 10 * time.Second, MaxQueue: 4, Quantum: 3,
+			Linger: 10 * time.Second, MaxQueue: 4, Quantum: 3, Touch: ops[0]%2 == 1, FillMin: 0.5, FillMax: 1.2,
 		}})
 		sizes := []int{1, 5, 20, 40, 60, 90, 200}
 		now := t0
@@ -40,7 +43,8 @@ func FuzzAdmission(f *testing.F) {
 				tickets = append(tickets, r.Admit(key, Body{Bytes: int64(tokens * BytesPerToken)}, nil, now, nil))
 			case 1:
 				if tk := nth(); tk != nil {
-					tk.End(now, Reply{TaskEnded: arg%3 == 0, PromptTokens: sizes[arg%len(sizes)]})
+					prompt := sizes[arg%len(sizes)]
+					tk.End(now, Reply{TaskEnded: arg%3 == 0, PromptTokens: prompt, CachedTokens: prompt * (arg % 5) / 4, CacheReported: arg%2 == 0})
 				}
 			case 2:
 				if tk := nth(); tk != nil {

@@ -61,8 +61,11 @@ type ReplicaStatus struct {
 	// next new conversation (load control's stagger); zero when it is not
 	// filling so.
 	NextNewcomer time.Time
-	Load         Load
-	Healthy      bool
+	// Fill is the share of its KV capacity its residents may take now
+	// (AdmissionConfig.Fill, or fill control's, fillcontrol.go).
+	Fill    float64
+	Load    Load
+	Healthy bool
 }
 
 // Status returns the router's counters and the view's replicas' state.
@@ -109,6 +112,7 @@ func (v *View) Status() Status {
 			Residents:      residents[s].count,
 			ResidentTokens: residents[s].tokens,
 			NextNewcomer:   residents[s].nextNewcomer,
+			Fill:           residents[s].fill,
 		}
 		st.InFlight += rs.InFlight
 		st.Sessions += rs.Sessions

@@ -115,7 +115,8 @@ func loadControl(options string) func(scaled func(time.Duration) string) string 
 
 // farmLoadControl is the farm preset's block (lab.PolicyAdmissionFarm).
 func farmLoadControl(scaled func(time.Duration) string) string {
-	return loadControl(fmt.Sprintf("quantum off\n\t\t\t\tstagger %s\n\t\t\t\t", scaled(lab.FarmStagger)))(scaled)
+	return loadControl(fmt.Sprintf("quantum off\n\t\t\t\tstagger %s\n\t\t\t\tfill_range %g %g\n\t\t\t\ttouch on\n\t\t\t\t",
+		scaled(lab.FarmStagger), lab.FarmFillMin, lab.FarmFillMax))(scaled)
 }
 
 func fixed(option string) func(func(time.Duration) string) string {

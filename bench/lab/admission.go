@@ -16,17 +16,28 @@ const (
 	// in overload (docs/policy.md#load-control).
 	PolicyAdmissionGentle = "warden-admission-gentle"
 	// PolicyAdmissionFarm keeps a conversation resident for its whole task
-	// (no quantum) and staggers the starts of a replica's first residents
-	// by 15 s: for headless agent farms, where the time a conversation
-	// takes matters more than how long its first turn waits.
+	// (no quantum), staggers the starts of a replica's first residents by
+	// 15 s, lets each replica's fill follow its residents' hits between
+	// 0.92 and 0.98 (0.95 until the replies report their cached part), and
+	// has a replica a resident left wait for its idle residents to run
+	// again before it takes a newcomer (touch): for headless agent farms,
+	// where the time a conversation takes matters more than how long its
+	// first turn waits.
 	PolicyAdmissionFarm = "warden-admission-farm"
 )
 
 // FarmStagger is PolicyAdmissionFarm's Stagger.
 const FarmStagger = 15 * time.Second
 
+// Farm preset's fill control (selection.AdmissionConfig.FillMin, FillMax).
+const (
+	FarmFillMin = 0.92
+	FarmFillMax = 0.98
+)
+
 // farmAdmission is PolicyAdmissionFarm's setting.
-var farmAdmission = selection.AdmissionConfig{Quantum: -1, Stagger: FarmStagger}
+var farmAdmission = selection.AdmissionConfig{Quantum: -1, Stagger: FarmStagger,
+	FillMin: FarmFillMin, FillMax: FarmFillMax, Touch: true}
 
 // gentleAdmission is PolicyAdmissionGentle's setting.
 var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}

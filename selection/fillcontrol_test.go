@@ -1,0 +1,57 @@
+package selection
+
+import (
+	"testing"
+	"time"
+)
+
+// A replica's fill is Fill until a reply reports its cached part, then
+// FillMax; it falls a step for each window of resident turns that missed,
+// down to FillMin, and rises for each that found their prompts cached.
+func TestFillFollowsTheResidentTurnsHits(t *testing.T) {
+	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+		Enabled: true, CapacityTokens: 1000, Fill: 0.95, FillMin: 0.92, FillMax: 0.98, Linger: time.Minute, Quantum: -1,
+	}})
+	s := r.replicas[0]
+	fill := func() float64 {
+		r.gate.mu.Lock()
+		defer r.gate.mu.Unlock()
+		return r.fillOf(s)
+	}
+	at := t0
+	turn := func(reply Reply) {
+		at = at.Add(time.Second)
+		tk := r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, at, nil)
+		mustState(t, tk, Admitted)
+		tk.End(at, reply)
+	}
+	window := func(cached int) {
+		for range fillWindow {
+			turn(Reply{PromptTokens: 100, CachedTokens: cached, CacheReported: true})
+		}
+	}
+	near := func(got, want float64) bool { return got > want-1e-9 && got < want+1e-9 }
+	turn(Reply{PromptTokens: 100})
+	if got := fill(); !near(got, 0.95) {
+		t.Fatalf("fill %v before any cached part was reported, want Fill 0.95", got)
+	}
+	turn(Reply{PromptTokens: 100, CachedTokens: 100, CacheReported: true}) // resident: the window's first
+	if got := fill(); !near(got, 0.98) {
+		t.Fatalf("fill %v once the cached part was reported, want FillMax 0.98", got)
+	}
+	for range fillWindow - 1 {
+		turn(Reply{PromptTokens: 100, CachedTokens: 0, CacheReported: true})
+	}
+	for i, want := range []float64{0.96, 0.94, 0.92, 0.92} {
+		if i > 0 {
+			window(50)
+		}
+		if got := fill(); !near(got, want) {
+			t.Fatalf("after %d windows of misses, fill %v, want %v", i+1, got, want)
+		}
+	}
+	window(95)
+	if got := fill(); !near(got, 0.94) {
+		t.Fatalf("after a window of hits, fill %v, want 0.94", got)
+	}
+}
