@@ -65,7 +65,7 @@ func init() {
 //			pin_store local|redis { ... }    # overrides the app's
 //			load_control [on|off] {          # hold turns that do not fit in the KV caches
 //				fill <share>                 # of each replica's KV capacity (default 0.95)
-//				fill_range <min> <max>       # each replica's fill follows its residents' hits (default off)
+//				fill_range <min> <max>|off   # each replica's fill follows its residents' hits (default off)
 //				linger <duration>            # residency after a turn (default 6s)
 //				max_wait <duration>          # then the turn proceeds (default 5m)
 //				max_queue <n>                # then turns are refused, 503 (default 1024)

@@ -135,7 +135,8 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 5 6\n\t\t}"), 5, `max_queue: unexpected argument "6"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tqueue 5\n\t\t}"), 5,
 			`unrecognized load_control option "queue"; expected fill, fill_range, linger, max_wait, max_queue, capacity_tokens, quantum, stagger, min_residents or touch`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.9\n\t\t}"), 5, "fill_range: expected a positive number such as 1.2"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.9\n\t\t}"), 5, `fill_range: expected two shares such as 0.92 0.98, or off, got "0.9"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.9 lots\n\t\t}"), 5, `fill_range: expected a positive number such as 1.2, got "lots"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.97 0.99\n\t\t}"), 6, "fill_min and fill_max go together, with fill (0.95) between them, got 0.97 and 0.99"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\ttouch maybe\n\t\t}"), 5, `touch: expected on or off, got "maybe"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tstagger soon\n\t\t}"), 5, `stagger: expected a duration such as 30s, or off, got "soon"`},
@@ -258,7 +259,7 @@ func TestParseLoadControl(t *testing.T) {
 		{"load_control off {\n\t\t\tmax_queue 16\n\t\t}", selection.AdmissionConfig{MaxQueue: 16}},
 		{"load_control {\n\t\t\tfill 1\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tmin_residents 3\n\t\t}",
 			selection.AdmissionConfig{Enabled: true, Fill: 1, Quantum: -1, Stagger: 15 * time.Second, MinResidents: 3}},
-		{"load_control {\n\t\t\tstagger off\n\t\t}", selection.AdmissionConfig{Enabled: true}},
+		{"load_control {\n\t\t\tstagger off\n\t\t\tfill_range off\n\t\t\ttouch off\n\t\t}", selection.AdmissionConfig{Enabled: true}},
 		{"load_control {\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tfill_range 0.92 0.98\n\t\t\ttouch on\n\t\t}",
 			selection.AdmissionConfig{Enabled: true, Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true}},
 	} {

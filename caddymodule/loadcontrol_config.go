@@ -169,9 +169,7 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 				c.Stagger = *v
 			}
 		case "fill_range":
-			if c.FillMin, err = positiveNumber(d); err == nil {
-				c.FillMax, err = positiveNumber(d)
-			}
+			c.FillMin, c.FillMax, err = fillRange(d)
 		case "touch":
 			c.Touch, err = onOff(d)
 		default:
@@ -195,6 +193,20 @@ func positiveNumber(d *caddyfile.Dispenser) (float64, error) {
 		v, err := strconv.ParseFloat(s, 64)
 		return v, err == nil && v > 0 && !math.IsInf(v, 0)
 	})
+}
+
+// fillRange reads `fill_range <min> <max>`, or off (0, 0).
+func fillRange(d *caddyfile.Dispenser) (lo, hi float64, err error) {
+	if d.CountRemainingArgs() == 1 && d.NextArg() {
+		if d.Val() != "off" {
+			return 0, 0, d.Errf("fill_range: expected two shares such as 0.92 0.98, or off, got %q", d.Val())
+		}
+		return 0, 0, nil
+	}
+	if lo, err = positiveNumber(d); err == nil {
+		hi, err = positiveNumber(d)
+	}
+	return lo, hi, err
 }
 
 // quantum reads a number of turns, or off (-1: never yield).
