@@ -236,9 +236,16 @@ func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
 	})
 }
 
+// With the farm preset's touch and fill_range too, which the admin JSON
+// shows.
 func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, loadControlBlock("max_wait 300ms"), backend)
+	f := startFleet(t, loadControlBlock("max_wait 300ms\n\t\t\t\tfill_range 0.5 1\n\t\t\t\ttouch on"), backend)
+	st := f.status(t)
+	if lc := st.LoadControl; !lc.Touch || lc.FillMin != 0.5 || lc.FillMax != 1 || st.Replicas[0].Fill != 1 {
+		t.Fatalf("load_control touch %v, fill_min %v, fill_max %v, the replica's fill %v; want on, 0.5, 1 and fill (1) until a reply reports its cached part",
+			lc.Touch, lc.FillMin, lc.FillMax, st.Replicas[0].Fill)
+	}
 	holdTurn(t, f, "resident")
 	a := sendTurn(context.Background(), f, "next")
 	if a.err != nil || a.status != http.StatusOK || a.backend != "a/0" {
