@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -115,16 +116,21 @@ func (c *LoadControlConfig) validate() error {
 	return c.validateFillRange()
 }
 
+// fill is the fill in force, the default for 0.
+func (c *LoadControlConfig) fill() float64 {
+	if c.Fill == 0 {
+		return selection.DefaultAdmissionFill
+	}
+	return c.Fill
+}
+
 // validateFillRange checks fill_min and fill_max: neither, or both with
 // fill between them.
 func (c *LoadControlConfig) validateFillRange() error {
 	if c.FillMin == 0 && c.FillMax == 0 {
 		return nil
 	}
-	fill := c.Fill
-	if fill == 0 {
-		fill = selection.DefaultAdmissionFill
-	}
+	fill := c.fill()
 	if !(c.FillMin > 0 && c.FillMin <= fill && fill <= c.FillMax) || math.IsInf(c.FillMax, 0) {
 		return fmt.Errorf("load_control: fill_min and fill_max go together, with fill (%g) between them, got %g and %g", fill, c.FillMin, c.FillMax)
 	}
@@ -142,6 +148,7 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 		}
 	}
 	given := givenOnce{}
+	rangeLine := 0 // where fill_range was given: a fill outside it is told there
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		if err := given.check(d, opt); err != nil {
@@ -170,6 +177,7 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 			}
 		case "fill_range":
 			c.FillMin, c.FillMax, err = fillRange(d)
+			rangeLine = d.Line()
 		case "touch":
 			c.Touch, err = onOff(d)
 		default:
@@ -183,7 +191,7 @@ func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 		}
 	}
 	if err := c.validateFillRange(); err != nil {
-		return nil, d.Errf("%v", err)
+		return nil, fmt.Errorf("fill_range: %g %g must hold fill (%g), at %s:%d", c.FillMin, c.FillMax, c.fill(), d.File(), rangeLine)
 	}
 	return c, nil
 }
@@ -197,16 +205,25 @@ func positiveNumber(d *caddyfile.Dispenser) (float64, error) {
 
 // fillRange reads `fill_range <min> <max>`, or off (0, 0).
 func fillRange(d *caddyfile.Dispenser) (lo, hi float64, err error) {
-	if d.CountRemainingArgs() == 1 && d.NextArg() {
-		if d.Val() != "off" {
-			return 0, 0, d.Errf("fill_range: expected two shares such as 0.92 0.98, or off, got %q", d.Val())
-		}
+	args := d.RemainingArgs()
+	const expected = "fill_range: expected two shares such as 0.92 0.98, lower first, or off, got %q"
+	switch {
+	case len(args) == 1 && args[0] == "off":
 		return 0, 0, nil
+	case len(args) != 2:
+		return 0, 0, d.Errf(expected, strings.Join(args, " "))
 	}
-	if lo, err = positiveNumber(d); err == nil {
-		hi, err = positiveNumber(d)
+	share := func(s string) float64 {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
+			return -1
+		}
+		return v
 	}
-	return lo, hi, err
+	if lo, hi = share(args[0]), share(args[1]); lo < 0 || hi < lo {
+		return 0, 0, d.Errf(expected, strings.Join(args, " "))
+	}
+	return lo, hi, nil
 }
 
 // quantum reads a number of turns, or off (-1: never yield).

@@ -164,6 +164,7 @@ type resident struct {
 	turns     int           // turns admitted since it became resident
 	idleSince int64         // when the last turn ended, if running is 0
 	idle      *list.Element // its place in gate.idle while it is idle
+	idleOn    *list.Element // and in gate.idleOn[rep]
 	// taskEnded: the reply of its latest own turn (not a side call) to end
 	// ended the agent's task; whichever turn ends last acts on it.
 	taskEnded bool
@@ -179,8 +180,10 @@ type gate struct {
 	// idle lists the residents with no turn running, in the order their
 	// turns ended, so that expiry looks only at those due, however many
 	// conversations are resident.
-	idle  list.List
-	queue []*Ticket
+	idle list.List
+	// idleOn is the same per replica, a replica with none left out.
+	idleOn map[*replicaState]*list.List
+	queue  []*Ticket
 
 	admitted, queued, forced, refused, cancelled, taskEnded, sideCalls uint64
 	// The replies' usage: how many reported it, how many the cached part,
@@ -218,7 +221,7 @@ type TokenCounts struct{ Prompt, Cached uint64 }
 func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
 		staggering: map[*replicaState]staggering{}, expired: map[uint64]*list.Element{},
-		owed: map[*replicaState]*departure{}, fill: map[*replicaState]*fillState{}}
+		owed: map[*replicaState]*departure{}, fill: map[*replicaState]*fillState{}, idleOn: map[*replicaState]*list.List{}}
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -260,7 +263,7 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 		t.resident = true
 		g.admit(t, res.rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
-	case v.headStaggered() && v.admitOne(t, now.UnixNano(), false):
+	case v.headPaced() && v.admitOne(t, now.UnixNano(), false):
 	case len(g.queue) >= v.cfg.Admission.MaxQueue:
 		t.state = Refused
 		g.refused++
@@ -584,14 +587,57 @@ func (g *gate) drop(res *resident, now int64) {
 	g.left(res, now)
 }
 
-// pushIdle appends res, whose turn just ended, to the idle list.
-func (g *gate) pushIdle(res *resident) { res.idle = g.idle.PushBack(res) }
+// pushIdle appends res, whose turn just ended, to the idle lists.
+func (g *gate) pushIdle(res *resident) {
+	res.idle = g.idle.PushBack(res)
+	on := g.idleOn[res.rep]
+	if on == nil {
+		on = list.New()
+		g.idleOn[res.rep] = on
+	}
+	res.idleOn = on.PushBack(res)
+}
+
+// moveTo files res under replica to, in its place in to's idle list if it
+// is idle.
+func (g *gate) moveTo(res *resident, to *replicaState) {
+	if res.idle == nil {
+		res.rep = to
+		return
+	}
+	from := g.idleOn[res.rep]
+	from.Remove(res.idleOn)
+	if from.Len() == 0 {
+		delete(g.idleOn, res.rep)
+	}
+	res.rep = to
+	on := g.idleOn[to]
+	if on == nil {
+		on = list.New()
+		g.idleOn[to] = on
+	}
+	e := on.Back()
+	for e != nil && e.Value.(*resident).idleSince > res.idleSince {
+		e = e.Prev()
+	}
+	if e == nil {
+		res.idleOn = on.PushFront(res)
+	} else {
+		res.idleOn = on.InsertAfter(res, e)
+	}
+}
 
 func (g *gate) unlinkIdle(res *resident) {
-	if res.idle != nil {
-		g.idle.Remove(res.idle)
-		res.idle = nil
+	if res.idle == nil {
+		return
 	}
+	g.idle.Remove(res.idle)
+	on := g.idleOn[res.rep]
+	on.Remove(res.idleOn)
+	if on.Len() == 0 {
+		delete(g.idleOn, res.rep)
+	}
+	res.idle, res.idleOn = nil, nil
 }
 
 // expire ends the residency of conversations idle past Linger, then admits
@@ -630,7 +676,7 @@ func (v *View) admitQueued(now int64) []func() {
 			if t.ready != nil {
 				notify = append(notify, t.ready)
 			}
-		case i > 0 || t.view.staggeredOnly(t):
+		case i > 0 || t.view.pacedOnly(t):
 			i++
 		default:
 			headBlocked = true

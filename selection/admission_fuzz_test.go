@@ -2,6 +2,7 @@ package selection
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 )
@@ -115,6 +116,24 @@ func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int
 	}
 	if idle != g.idle.Len() {
 		fail("%d idle residents, %d in the idle list", idle, g.idle.Len())
+	}
+	onReplicas := 0
+	for s, on := range g.idleOn {
+		if on.Len() == 0 {
+			fail("replica %s keeps an empty idle list", s.ID)
+		}
+		last := int64(math.MinInt64)
+		for e := on.Front(); e != nil; e = e.Next() {
+			res := e.Value.(*resident)
+			if res.rep != s || res.idleOn != e || res.idleSince < last {
+				fail("replica %s's idle list holds %x of %s idle since %d after %d", s.ID, res.key, res.rep.ID, res.idleSince, last)
+			}
+			last = res.idleSince
+			onReplicas++
+		}
+	}
+	if onReplicas != idle {
+		fail("%d idle residents, %d in the replicas' idle lists", idle, onReplicas)
 	}
 	for s, h := range g.held {
 		if h != sums[s] {

@@ -136,7 +136,7 @@ func (v *View) follow(key uint64, now int64) {
 	}
 	g.hold(res, -1)
 	g.residentLeft(res.rep)
-	res.rep = pin
+	g.moveTo(res, pin)
 	g.hold(res, +1)
 	g.tookNewcomer(pin, now)
 }

@@ -30,6 +30,9 @@ type fillState struct {
 	fill           float64
 	prompt, cached int
 	turns          int
+	// lo and hi are the range it follows: a reload that changes the range
+	// starts it anew.
+	lo, hi float64
 }
 
 // controlsFill reports whether each replica's fill follows its residents'
@@ -43,7 +46,7 @@ func (v *View) fillOf(s *replicaState) float64 {
 	if !c.controlsFill() || g.cacheReplies == 0 {
 		return c.Fill
 	}
-	if st := g.fill[s]; st != nil {
+	if st := g.fill[s]; st != nil && st.lo == c.FillMin && st.hi == c.FillMax {
 		return st.fill
 	}
 	return c.FillMax
@@ -58,8 +61,8 @@ func (v *View) observeFill(s *replicaState, reply Reply) {
 	}
 	g := v.router.gate
 	st := g.fill[s]
-	if st == nil {
-		st = &fillState{fill: c.FillMax}
+	if st == nil || st.lo != c.FillMin || st.hi != c.FillMax {
+		st = &fillState{fill: c.FillMax, lo: c.FillMin, hi: c.FillMax}
 		g.fill[s] = st
 	}
 	st.prompt += reply.PromptTokens

@@ -55,3 +55,25 @@ func TestFillFollowsTheResidentTurnsHits(t *testing.T) {
 		t.Fatalf("after a window of hits, fill %v, want 0.94", got)
 	}
 }
+
+// A reload that changes the range starts each replica's fill anew at the
+// range's upper end, within it.
+func TestFillRangeChangedByAReload(t *testing.T) {
+	cfg := Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1000, Fill: 0.95, FillMin: 0.5, FillMax: 1,
+		Linger: time.Minute, Quantum: -1}}
+	r := newTestRouter(1, cfg)
+	at := t0
+	for range 40 * fillWindow { // misses: the fill falls to 0.5
+		at = at.Add(time.Second)
+		r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, at, nil).End(at, Reply{PromptTokens: 100, CacheReported: true})
+	}
+	if got := r.Status().Replicas[0].Fill; got != 0.5 {
+		t.Fatalf("fill %v after misses, want 0.5", got)
+	}
+	cfg.Affinity = true
+	cfg.Admission.FillMin, cfg.Admission.FillMax = 0.92, 0.98
+	r.reload(cfg, servers(1))
+	if got := r.Status().Replicas[0].Fill; got != 0.98 {
+		t.Fatalf("fill %v after a reload to fill_range 0.92 0.98, want 0.98", got)
+	}
+}

@@ -44,21 +44,23 @@ func (v *View) nextNewcomer(s *replicaState) time.Time {
 	return time.Unix(0, st.lastNewcomer+int64(v.cfg.Admission.Stagger))
 }
 
-// staggeredOnly reports whether t, which found no room, waits for a stagger
-// alone: a usable replica has room for it (g.mu held).
-func (v *View) staggeredOnly(t *Ticket) bool {
-	if v.cfg.Admission.Stagger <= 0 {
+// pacedOnly reports whether t, which found no room, waits only for a rule
+// of when a replica takes a newcomer (stagger, touch.go): a usable replica
+// has room for it (g.mu held).
+func (v *View) pacedOnly(t *Ticket) bool {
+	if v.cfg.Admission.Stagger <= 0 && !v.cfg.Admission.Touch {
 		return false
 	}
 	healthy := v.anyHealthy(t.usable)
 	return v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.takes(s, t, healthy) }) != nil
 }
 
-// headStaggered reports whether the queue's head waits for a stagger alone,
-// so that a turn going to its own replica may pass it (g.mu held).
-func (v *View) headStaggered() bool {
+// headPaced reports whether the queue's head waits only for a replica to
+// take a newcomer, so that a turn going to its own replica may pass it
+// (g.mu held).
+func (v *View) headPaced() bool {
 	g := v.router.gate
-	return len(g.queue) > 0 && g.queue[0].view.staggeredOnly(g.queue[0])
+	return len(g.queue) > 0 && g.queue[0].view.pacedOnly(g.queue[0])
 }
 
 // tookNewcomer records that s took a conversation not pinned to it.

@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -57,4 +58,61 @@ func TestTouchWaitsAtMostLinger(t *testing.T) {
 	mustState(t, d, Waiting)
 	r.Sweep(sec(3 + 60))
 	mustState(t, d, Admitted)
+}
+
+// A conversation coming back to its pin passes a head that waits only for
+// touch, with or without a stagger: its own blocks were freed last.
+func TestTouchLetsAReturningConversationPass(t *testing.T) {
+	for _, stagger := range []time.Duration{0, time.Nanosecond} {
+		r := newTestRouter(1, Config{Admission: AdmissionConfig{
+			Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Touch: true, Stagger: stagger,
+		}})
+		sec := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+		var tk []*Ticket
+		for _, key := range []string{"a", "b", "c"} {
+			x := r.Admit(HashKey(key), Body{Bytes: 300 * BytesPerToken}, nil, sec(0), nil)
+			mustState(t, x, Admitted)
+			tk = append(tk, x)
+		}
+		tk[0].Done(sec(1))
+		tk[1].Done(sec(2))
+		tk[2].End(sec(3), Reply{TaskEnded: true}) // c leaves, still pinned
+		mustState(t, r.Admit(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil), Waiting)
+		if c := r.Admit(HashKey("c"), Body{Bytes: 300 * BytesPerToken}, nil, sec(4), nil); c.State() != Admitted {
+			t.Errorf("stagger %v: c, back to its pin, waits behind d", stagger)
+		}
+	}
+}
+
+// A newcomer's cost does not grow with the idle residents of the other
+// replicas, touch on or off.
+func BenchmarkTouchNewcomerBesideManyIdle(b *testing.B) {
+	for _, touch := range []bool{false, true} {
+		for _, n := range []int{100, 100_000} {
+			b.Run(fmt.Sprintf("touch=%v/idle=%d", touch, n), func(b *testing.B) {
+				r := newTestRouter(2, Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1 << 30,
+					Linger: time.Hour, Quantum: -1, Touch: touch}})
+				only := func(id string) func(string) bool { return func(s string) bool { return s == id } }
+				r0, r1 := only("127.0.0.1:8001"), only("127.0.0.1:8002")
+				for i := range n {
+					r.Admit(uint64(i+1), Body{Bytes: 4}, r0, t0, nil).Done(t0.Add(time.Duration(i)))
+				}
+				at := t0.Add(time.Second)
+				r.Admit(1<<40, Body{Bytes: 4}, r1, at, nil).Done(at)
+				at = at.Add(time.Second)
+				r.Admit(1<<40+1, Body{Bytes: 4}, r1, at, nil).End(at, Reply{TaskEnded: true})
+				now := at.Add(time.Second)
+				key := uint64(1 << 41)
+				b.ReportAllocs()
+				for b.Loop() {
+					key++
+					tk := r.Admit(key, Body{Bytes: 4}, r1, now, nil)
+					if tk.State() != Admitted {
+						b.Fatal("not admitted")
+					}
+					tk.End(now, Reply{TaskEnded: true})
+				}
+			})
+		}
+	}
 }
