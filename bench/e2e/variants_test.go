@@ -37,8 +37,9 @@ func TestWardenVariantsConfig(t *testing.T) {
 		!strings.Contains(cfg, "linger 600ms") || !strings.Contains(cfg, "max_wait 30s") {
 		t.Errorf("warden-admission: load control missing or its times not scaled:\n%s", cfg)
 	}
-	if cfg := caddyfile(o, "warden-admission-farm", sims, &Cluster{}, inst); strings.Contains(cfg, "fill") ||
-		!strings.Contains(cfg, "quantum off") || !strings.Contains(cfg, "stagger 1.5s") || !strings.Contains(cfg, "linger 600ms") {
+	if cfg := caddyfile(o, "warden-admission-farm", sims, &Cluster{}, inst); strings.Contains(cfg, "fill ") ||
+		!strings.Contains(cfg, "quantum off") || !strings.Contains(cfg, "stagger 1.5s") || !strings.Contains(cfg, "linger 600ms") ||
+		!strings.Contains(cfg, "fill_range 0.92 0.98") || !strings.Contains(cfg, "touch on") {
 		t.Errorf("warden-admission-farm: not the farm preset:\n%s", cfg)
 	}
 	for _, policy := range []string{"warden", "off", "warden-admission", "header"} {
