@@ -10,9 +10,14 @@ import (
 // resident there (300 tokens each), a and b idle since seconds 1 and 2,
 // and c's task ended at second 3; sec is a clock in seconds.
 func touchReplica(t *testing.T, touch bool) (testRouter, func(s int) time.Time) {
+	return touchReplicaStaggered(t, touch, 0)
+}
+
+// touchReplicaStaggered is touchReplica with a stagger.
+func touchReplicaStaggered(t *testing.T, touch bool, stagger time.Duration) (testRouter, func(s int) time.Time) {
 	t.Helper()
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
-		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Touch: touch,
+		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Touch: touch, Stagger: stagger,
 	}})
 	sec := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	var tickets []*Ticket
@@ -64,19 +69,7 @@ func TestTouchWaitsAtMostLinger(t *testing.T) {
 // touch, with or without a stagger: its own blocks were freed last.
 func TestTouchLetsAReturningConversationPass(t *testing.T) {
 	for _, stagger := range []time.Duration{0, time.Nanosecond} {
-		r := newTestRouter(1, Config{Admission: AdmissionConfig{
-			Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Touch: true, Stagger: stagger,
-		}})
-		sec := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-		var tk []*Ticket
-		for _, key := range []string{"a", "b", "c"} {
-			x := r.Admit(HashKey(key), Body{Bytes: 300 * BytesPerToken}, nil, sec(0), nil)
-			mustState(t, x, Admitted)
-			tk = append(tk, x)
-		}
-		tk[0].Done(sec(1))
-		tk[1].Done(sec(2))
-		tk[2].End(sec(3), Reply{TaskEnded: true}) // c leaves, still pinned
+		r, sec := touchReplicaStaggered(t, true, stagger) // c left, still pinned
 		mustState(t, r.Admit(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil), Waiting)
 		if c := r.Admit(HashKey("c"), Body{Bytes: 300 * BytesPerToken}, nil, sec(4), nil); c.State() != Admitted {
 			t.Errorf("stagger %v: c, back to its pin, waits behind d", stagger)
