@@ -100,9 +100,9 @@ type LoadControlStatus struct {
 	// Cancelled those whose client left while they waited; TaskEnded the
 	// turns whose reply ended the agent's task (read by warden_stop_reason),
 	// their conversation leaving at once; SideCalls the turns of a resident
-	// conversation with a prompt under a quarter of its size (a title, a
-	// classifier, a turn after a compaction), which neither sized nor ended
-	// its residency.
+	// conversation with a body under a quarter of its latest own turn's (a
+	// title, a classifier, a turn after a compaction), which neither sized
+	// nor ended its residency.
 	Admitted  uint64 `json:"admitted"`
 	Queued    uint64 `json:"queued"`
 	Forced    uint64 `json:"forced"`

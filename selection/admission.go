@@ -165,6 +165,10 @@ type resident struct {
 	idleSince int64         // when the last turn ended, if running is 0
 	idle      *list.Element // its place in gate.idle while it is idle
 	idleOn    *list.Element // and in gate.idleOn[rep]
+	// bytes is the body size of its latest own turn that told one: side
+	// calls and outgrowing turns are told by their bodies' bytes against
+	// it (sidecall.go), as bytes and tokens part ways for images.
+	bytes int64
 	// taskEnded: the reply of its latest own turn (not a side call) to end
 	// ended the agent's task; whichever turn ends last acts on it.
 	taskEnded bool
@@ -359,7 +363,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	t.state = Gone
 	t.res.running--
-	// A turn its conversation's has since outgrown (a title that opened the
+	// A turn its conversation has since outgrown (a title that opened the
 	// residency) is a side call by now.
 	side := t.side || sideCall(t, t.res)
 	if !side {
@@ -517,6 +521,9 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 		res.tokens = t.tokens
 		res.turns++
 		res.taskEnded = false
+		if t.body.Bytes > 0 && !t.body.Partial {
+			res.bytes = t.body.Bytes
+		}
 	}
 	g.hold(res, +1)
 	res.running++

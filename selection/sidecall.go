@@ -29,9 +29,12 @@ package selection
 const sideShare = 0.25
 
 // outgrows reports whether t, a turn of res's conversation, is larger than
-// what res holds by more than the side-call ratio.
+// its latest own turn by more than the side-call ratio. Both are told in
+// request bytes, not in the residency's tokens, which the replies set: a
+// conversation carrying images has far more bytes per token than the mean,
+// and its every turn would seem to outgrow its residency.
 func outgrows(t *Ticket, res *resident) bool {
-	return sideShare*float64(t.tokens) > float64(res.tokens)
+	return known(t.body) && res.bytes > 0 && sideShare*float64(t.body.Bytes) > float64(res.bytes)
 }
 
 // rides returns the residency t's turn runs on without finding room: its
@@ -43,9 +46,13 @@ func (g *gate) rides(t *Ticket) *resident {
 	return nil
 }
 
-// sideCall reports whether t, a turn of res's conversation, is a side call.
-// A body whose size is unknown or only a lower bound is sized too small to
-// tell.
+// sideCall reports whether t, a turn of res's conversation, is a side call:
+// its body is under the side-call ratio of its conversation's latest own
+// turn's.
 func sideCall(t *Ticket, res *resident) bool {
-	return t.body.Bytes > 0 && !t.body.Partial && float64(t.tokens) < sideShare*float64(res.tokens)
+	return known(t.body) && float64(t.body.Bytes) < sideShare*float64(res.bytes)
 }
+
+// known reports whether body's size is told: one unknown, or only a lower
+// bound, tells nothing of a turn's size.
+func known(body Body) bool { return body.Bytes > 0 && !body.Partial }

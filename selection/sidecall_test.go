@@ -185,3 +185,23 @@ func TestAdmissionOutgrowingTurnReplacesItsResidency(t *testing.T) {
 		mustState(t, turn("x", 85), Admitted) // grown past four times, alone on its replica
 	})
 }
+
+// A conversation with far more bytes per token than the mean (images) is
+// sized in tokens by its replies, and the room that frees goes to another;
+// its next turn, a little longer in bytes, still rides its residency: side
+// calls and outgrowing turns are told in bytes, not against the tokens the
+// replies set.
+func TestAdmissionDenseBytesAreNoOutgrowth(t *testing.T) {
+	r, turn := sideCallRouter()
+	for range 3 { // b's replies teach 4 bytes per token
+		turn("b", 85).End(t0, Reply{PromptTokens: 85})
+	}
+	a := turn("a", 14)
+	mustState(t, a, Admitted)
+	a.End(t0, Reply{PromptTokens: 2}) // 28 bytes per token: a holds 2 tokens
+	mustState(t, turn("c", 10), Admitted)
+	if got := r.Status().Replicas[0].ResidentTokens; got != 97 {
+		t.Fatalf("%d tokens held, want b's 85, a's 2 and c's 10", got)
+	}
+	mustState(t, turn("a", 15), Admitted) // its next turn
+}
