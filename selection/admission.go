@@ -791,14 +791,20 @@ func (v *View) room(s *replicaState, held residency, tokens int) bool {
 	if n, _ := held.with(tokens); n <= v.cfg.Admission.MinResidents || g.aside.Load() {
 		return true
 	}
-	capacity := v.cfg.Admission.CapacityTokens
-	if capacity <= 0 {
-		capacity = int(s.kvTokens.Load())
-	}
+	capacity := v.capacityOf(s)
 	if capacity <= 0 {
 		return true // unknown capacity: no control rather than none served
 	}
 	return float64(v.distinct(held, tokens)) <= v.fillOf(s)*float64(capacity)
+}
+
+// capacityOf is s's KV cache in tokens: the configured one, else its
+// metrics'; 0 when unknown.
+func (v *View) capacityOf(s *replicaState) int {
+	if c := v.cfg.Admission.CapacityTokens; c > 0 {
+		return c
+	}
+	return int(s.kvTokens.Load())
 }
 
 func runAll(fns []func()) {

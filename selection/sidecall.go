@@ -12,8 +12,8 @@ package selection
 // A side call may also come first: Claude Code titles each prompt of an
 // interactive session before sending it, so a conversation that is not
 // resident becomes so on its title's small prompt. A turn larger than its
-// residency by the same ratio (that title's, or a conversation grown that
-// much at once) must then find room as a newcomer would, its residency
+// conversation's latest own turn by the same ratio (that title, or a
+// conversation grown that much at once) must then find room as a newcomer would, its residency
 // counted at the turn's size, instead of riding in on it; it waits in order.
 // The title is a side call from then on: its reply, ending after the turn
 // that outgrew it, neither ends nor sizes the residency. Whichever turn ends
@@ -24,8 +24,9 @@ package selection
 // for nothing, which costs a waiting turn, where the other error would cost
 // the residents their caches.
 
-// sideShare is the share of what a residency holds under which a turn's
-// prompt is a side call.
+// sideShare is the share of its conversation's latest own turn's body
+// under which a turn's is a side call; a turn over its inverse outgrows
+// the residency.
 const sideShare = 0.25
 
 // outgrows reports whether t, a turn of res's conversation, is larger than

@@ -44,10 +44,9 @@ func (g *gate) left(res *resident, now int64) {
 	if now == 0 {
 		return
 	}
-	freed := now
 	d := g.owed[res.rep]
 	if d == nil || !g.idleBefore(res.rep, d.freed) {
-		d = &departure{freed: freed}
+		d = &departure{freed: now}
 		g.owed[res.rep] = d
 	}
 	d.tokens += res.tokens
@@ -66,10 +65,7 @@ func (v *View) touchedAll(s *replicaState, now int64, tokens int) bool {
 		delete(g.owed, s)
 		return true
 	}
-	capacity := v.cfg.Admission.CapacityTokens
-	if capacity <= 0 {
-		capacity = int(s.kvTokens.Load())
-	}
+	capacity := v.capacityOf(s)
 	if capacity <= 0 {
 		return true
 	}
