@@ -1,29 +1,62 @@
 package engine
 
-// noBlock marks the end of the free queue and an unlinked block.
+// noBlock marks the end of a list and an unlinked block.
 const noBlock = -1
+
+// blockList is a doubly linked list over block indexes 0..n-1, each in it at most once: a
+// pool's eviction order, head first.
+type blockList struct {
+	prev, next []int32
+	head, tail int32
+}
+
+func newBlockList(n int) blockList {
+	return blockList{prev: make([]int32, n), next: make([]int32, n), head: noBlock, tail: noBlock}
+}
+
+// pushBack appends block b at the tail.
+func (l *blockList) pushBack(b int32) {
+	l.prev[b], l.next[b] = l.tail, noBlock
+	if l.tail == noBlock {
+		l.head = b
+	} else {
+		l.next[l.tail] = b
+	}
+	l.tail = b
+}
+
+// unlink takes block b out of the list, wherever it is.
+func (l *blockList) unlink(b int32) {
+	if l.prev[b] == noBlock {
+		l.head = l.next[b]
+	} else {
+		l.next[l.prev[b]] = l.next[b]
+	}
+	if l.next[b] == noBlock {
+		l.tail = l.prev[b]
+	} else {
+		l.prev[l.next[b]] = l.prev[b]
+	}
+	l.prev[b], l.next[b] = noBlock, noBlock
+}
 
 // blockPool is vLLM V1's BlockPool: a fixed set of KV blocks, a free queue ordered by eviction
 // priority (head evicted first), and a map from block hash to the cached block holding it.
 // A free block keeps its hash and stays a cache hit until it is reused for something else.
 type blockPool struct {
-	refs       []int32  // requests using each block
-	hashes     []uint64 // content hash of each block; 0 when it caches nothing
-	prev, next []int32  // free queue links
-	head, tail int32
-	numFree    int
-	cached     map[uint64]int32
-	kvEvents   *[]KVEvent // changes of cached, logged in order; nil when nobody asked
+	refs     []int32  // requests using each block
+	hashes   []uint64 // content hash of each block; 0 when it caches nothing
+	free     blockList
+	numFree  int
+	cached   map[uint64]int32
+	kvEvents *[]KVEvent // changes of cached, logged in order; nil when nobody asked
 }
 
 func newBlockPool(numBlocks int) *blockPool {
 	p := &blockPool{
 		refs:   make([]int32, numBlocks),
 		hashes: make([]uint64, numBlocks),
-		prev:   make([]int32, numBlocks),
-		next:   make([]int32, numBlocks),
-		head:   noBlock,
-		tail:   noBlock,
+		free:   newBlockList(numBlocks),
 		cached: make(map[uint64]int32, numBlocks),
 	}
 	for b := range numBlocks {
@@ -34,35 +67,19 @@ func newBlockPool(numBlocks int) *blockPool {
 
 // pushFree appends a block to the tail of the free queue (evicted last).
 func (p *blockPool) pushFree(b int32) {
-	p.prev[b], p.next[b] = p.tail, noBlock
-	if p.tail == noBlock {
-		p.head = b
-	} else {
-		p.next[p.tail] = b
-	}
-	p.tail = b
+	p.free.pushBack(b)
 	p.numFree++
 }
 
 // unlinkFree takes a block out of the free queue, wherever it is.
 func (p *blockPool) unlinkFree(b int32) {
-	if p.prev[b] == noBlock {
-		p.head = p.next[b]
-	} else {
-		p.next[p.prev[b]] = p.next[b]
-	}
-	if p.next[b] == noBlock {
-		p.tail = p.prev[b]
-	} else {
-		p.prev[p.next[b]] = p.prev[b]
-	}
-	p.prev[b], p.next[b] = noBlock, noBlock
+	p.free.unlink(b)
 	p.numFree--
 }
 
 // allocate takes the least recently freed block for a new use, evicting what it cached.
 func (p *blockPool) allocate() int32 {
-	b := p.head
+	b := p.free.head
 	p.unlinkFree(b)
 	if h := p.hashes[b]; h != 0 {
 		delete(p.cached, h)
