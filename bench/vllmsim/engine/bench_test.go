@@ -41,21 +41,22 @@ func (s *agentSession) nextRequest(nextToken *uint32) *Request {
 }
 
 // simulateLab runs labSimulated of virtual time: labSessions closed-loop sessions pinned
-// round-robin to labEngines engines, each sending its next turn as soon as the last ends.
-// It returns the number of engine steps.
-func simulateLab(b *testing.B, seed uint64) int {
+// round-robin to labEngines engines of profile p, each sending its next turn as soon as the
+// last ends. It returns the number of engine steps and the engines' counters added up.
+func simulateLab(tb testing.TB, p Profile, seed uint64) (int, Stats) {
 	system := seq(1, 3500)
 	nextToken := uint32(1 << 20)
 	steps := 0
+	var total Stats
 	for eng := range labEngines {
-		e := newEngine(b, Profiles[DefaultProfile])
+		e := newEngine(tb, p)
 		owner := map[*Request]*agentSession{}
 		for i := eng; i < labSessions; i += labEngines {
 			s := &agentSession{history: append([]uint32(nil), system...), rng: rand.New(rand.NewPCG(seed, uint64(i)))}
 			r := s.nextRequest(&nextToken)
 			owner[r] = s
 			if err := e.Add(r, 0); err != nil {
-				b.Fatal(err)
+				tb.Fatal(err)
 			}
 		}
 		for now := time.Duration(0); now < labSimulated; {
@@ -78,21 +79,35 @@ func simulateLab(b *testing.B, seed uint64) int {
 				r := s.nextRequest(&nextToken)
 				owner[r] = s
 				if err := e.Add(r, now); err != nil {
-					b.Fatal(err)
+					tb.Fatal(err)
 				}
 			}
 		}
+		s := e.Stats()
+		total.PrefixCacheQueries += s.PrefixCacheQueries
+		total.PrefixCacheHits += s.PrefixCacheHits
+		total.ExternalPrefixCacheHits += s.ExternalPrefixCacheHits
+		total.GenerationTokens += s.GenerationTokens
 	}
-	return steps
+	return steps, total
 }
 
 // BenchmarkEngineClaudeCodeLab measures the CPU cost of simulating 180 s of 4 engines serving
 // 32 Claude-Code-like sessions (prompts of 11k-15k tokens, 6 turns, up to 256 output tokens).
 // One op is one whole 180 s simulation.
 func BenchmarkEngineClaudeCodeLab(b *testing.B) {
+	benchmarkLab(b, Profiles[DefaultProfile])
+}
+
+// BenchmarkEngineClaudeCodeLabHostTier is the same with a host tier 4x the GPU cache.
+func BenchmarkEngineClaudeCodeLabHostTier(b *testing.B) {
+	benchmarkLab(b, withHostTier(Profiles[DefaultProfile], 4))
+}
+
+func benchmarkLab(b *testing.B, p Profile) {
 	steps := 0
 	for i := 0; b.Loop(); i++ {
-		steps = simulateLab(b, uint64(i))
+		steps, _ = simulateLab(b, p, uint64(i))
 	}
 	b.ReportMetric(float64(steps), "steps/op")
 }

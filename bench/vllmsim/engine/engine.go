@@ -1,7 +1,8 @@
 // Package engine models one vLLM V1 engine (one data-parallel rank) closely enough to measure
 // prefix-cache routing without a GPU: continuous batching with chunked prefill under
 // max_num_seqs and a per-step token budget, a paged KV cache with prefix caching by chained
-// block hashes and LRU eviction, preemption by recomputation, and the counters vLLM exports.
+// block hashes and LRU eviction, preemption by recomputation, an optional host-memory KV tier
+// (vLLM's OffloadingConnector), and the counters vLLM exports.
 //
 // The engine owns no clock and no goroutines. The caller passes its own notion of "now" (the
 // time since any epoch it likes, virtual or scaled wall time) to Add and Step; Step says how
@@ -12,6 +13,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -48,6 +50,7 @@ type requestState uint8
 const (
 	stateNew requestState = iota
 	stateWaiting
+	stateLoading // waiting while its host-tier blocks load (vLLM's WAITING_FOR_REMOTE_KVS)
 	stateRunning
 	stateFinished
 )
@@ -71,7 +74,8 @@ type Request struct {
 
 	// Arrival is the time of Add.
 	Arrival time.Duration
-	// CachedTokens is the prompt's prefix-cache hit, in tokens, when first scheduled.
+	// CachedTokens is the prompt's prefix-cache hit, in tokens, when first scheduled: from
+	// the GPU and, with a host tier, loaded from it.
 	CachedTokens int
 	// Preemptions counts how often the request lost its KV blocks and was recomputed.
 	Preemptions int
@@ -86,6 +90,14 @@ type Request struct {
 	blocks          []int32  // KV blocks, in token order
 	numCachedBlocks int      // leading blocks registered in the prefix cache
 	blockHashes     []uint64 // chained hashes of the full blocks of known tokens
+	hostSlots       []int32  // where each block was last seen in the host tier (-1: not yet)
+
+	// With a host tier:
+	externalTokens   int           // tokens loaded from the host tier when first scheduled
+	loadFrom, loadTo int           // the blocks a load in flight brings back
+	loadDone         time.Duration // when that load ends
+	reserved         int           // blocks its prompt still needs, held for it while it loads
+	nextStoredBlock  int           // its first prompt block not yet offered to the host tier
 }
 
 func (r *Request) numTokens() int { return len(r.Prompt) + r.Generated }
@@ -158,20 +170,29 @@ type scheduledRequest struct {
 type Engine struct {
 	profile   Profile
 	pool      *blockPool
-	waiting   []*Request // FCFS; preempted requests go back to the front
+	waiting   []*Request // FCFS; preempted and skipped requests go back to the front
 	running   []*Request // in admission order; the last is preempted first
 	counters  Stats
 	scheduled []scheduledRequest // scratch, reused every step
 	hits      []int32            // scratch, reused every step
 	events    []Event            // returned by Step, reused every step
+
+	host          *hostPool  // the host tier; nil without one
+	reserved      int        // blocks held for the prompts of requests loading from it
+	skipped       []*Request // scratch: waiting requests passed over in this step
+	pendingStores []uint64   // blocks whose copy to the host tier completes with this step
 }
 
-// New returns an idle engine with an empty KV cache.
+// New returns an idle engine with an empty KV cache (and host tier, if the profile has one).
 func New(p Profile) (*Engine, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{profile: p, pool: newBlockPool(p.NumGPUBlocks)}, nil
+	e := &Engine{profile: p, pool: newBlockPool(p.NumGPUBlocks)}
+	if p.HostTier() {
+		e.host = newHostPool(p.NumHostBlocks())
+	}
+	return e, nil
 }
 
 // Profile returns the profile the engine was built with.
@@ -200,8 +221,12 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 // It reports whether the request was still in the engine.
 func (e *Engine) Abort(r *Request) bool {
 	switch r.state {
+	case stateLoading:
+		e.endLoad(r)
+		fallthrough
 	case stateWaiting:
 		e.waiting = removeRequest(e.waiting, r)
+		e.release(r)
 	case stateRunning:
 		e.running = removeRequest(e.running, r)
 	default:
@@ -223,11 +248,16 @@ func removeRequest(queue []*Request, r *Request) []*Request {
 // Step schedules and runs one engine step starting at time now. It returns the step's
 // duration and the tokens generated in it, which become visible at now+duration. The
 // returned slice is reused by the next call. With no work, Step returns 0 and no events.
+// With a host tier, a step may compute nothing while blocks load: it then lasts StepOverhead
+// (vLLM's busy loop polling the copies).
 func (e *Engine) Step(now time.Duration) (time.Duration, []Event) {
 	e.events = e.events[:0]
-	e.schedule() // the only place the prefix cache changes, so KV events are per step
+	e.schedule(now) // the only place the caches change, so KV events are per step
 	if len(e.scheduled) == 0 {
-		return 0, nil
+		return e.idleStep(now), nil
+	}
+	if e.host != nil {
+		e.storePrompts()
 	}
 	prefillTokens, contextTokens := 0, 0
 	for _, s := range e.scheduled {
@@ -252,6 +282,7 @@ func (e *Engine) Step(now time.Duration) (time.Duration, []Event) {
 		if ev.First {
 			e.counters.PromptTokens += uint64(len(r.Prompt))
 			e.counters.PromptTokensCached += uint64(r.CachedTokens)
+			e.countSources(r)
 			e.counters.TTFT.observe((end - r.Arrival).Seconds())
 		}
 		if r.Generated == r.outputLen() {
@@ -266,6 +297,10 @@ func (e *Engine) Step(now time.Duration) (time.Duration, []Event) {
 	}
 	if finished {
 		e.running = dropFinished(e.running)
+	}
+	if e.host != nil {
+		e.host.completeStore(e.pendingStores)
+		e.pendingStores = e.pendingStores[:0]
 	}
 	return dur, e.events
 }
@@ -285,8 +320,10 @@ func dropFinished(running []*Request) []*Request {
 // requests first, each taking what it needs of the token budget, preempting the newest running
 // request when the KV cache is full; then, if nothing was preempted, waiting requests in order
 // while a sequence slot, budget and blocks remain (blocks for the whole prompt when
-// ReserveFullPrompt is set, for the first chunk otherwise).
-func (e *Engine) schedule() {
+// ReserveFullPrompt is set, for the first chunk otherwise). With a host tier, a waiting request
+// whose prefix continues in it is parked while those blocks load, and requests passed over
+// (loading, or waiting for another's load) go back to the front of the queue.
+func (e *Engine) schedule(now time.Duration) {
 	e.scheduled = e.scheduled[:0]
 	budget := e.profile.MaxNumBatchedTokens
 	preempted := false
@@ -310,19 +347,47 @@ func (e *Engine) schedule() {
 	}
 	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.profile.MaxNumSeqs {
 		r := e.waiting[0]
-		hits := e.cachedPrefix(r)
-		newTokens := min(r.numTokens()-len(hits)*e.profile.BlockSize, budget)
-		if e.profile.ReserveFullPrompt && !e.fits(r.numTokens(), hits) || !e.allocateSlots(r, hits, newTokens) {
-			return // the head of the queue waits for blocks; so does everyone behind it
+		if r.state == stateLoading && !e.finishLoad(r, now) {
+			e.skipHead()
+			continue
 		}
-		if r.Preemptions == 0 {
+		loaded := len(r.blocks) > 0 // it holds blocks loaded from the host tier
+		var hits []int32
+		if !loaded {
+			hits = e.cachedPrefix(r)
+		}
+		if e.host != nil && !loaded {
+			blocks, deferred := e.hostPrefix(r, len(hits))
+			if deferred {
+				e.skipHead()
+				continue
+			}
+			if blocks > 0 {
+				if e.park(r, hits, blocks, now) || len(e.running) == 0 {
+					e.skipHead()
+					continue
+				}
+				break
+			}
+		}
+		newTokens := min(r.numTokens()-r.numComputed-len(hits)*e.profile.BlockSize, budget)
+		if e.profile.ReserveFullPrompt && !e.fits(r, hits) || !e.allocateSlots(r, hits, newTokens) {
+			if e.host != nil && len(e.running) == 0 {
+				// Nothing running will free blocks; requests behind it that hold theirs
+				// (loaded from the host tier) may still run.
+				e.skipHead()
+				continue
+			}
+			break // the head of the queue waits for blocks; so does everyone behind it
+		}
+		if r.Preemptions == 0 && !loaded {
 			// Counted at admission, once per request (vLLM PR #48860); resumed requests
 			// go to separate counters vLLM does not export.
-			e.counters.PrefixCacheQueries += uint64(r.numTokens())
-			e.counters.PrefixCacheHits += uint64(len(hits) * e.profile.BlockSize)
+			e.countLookup(r, len(hits)*e.profile.BlockSize, 0)
 		}
 		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]
+		e.release(r)
 		r.state = stateRunning
 		e.running = append(e.running, r)
 		if !r.scheduledOnce {
@@ -331,6 +396,29 @@ func (e *Engine) schedule() {
 		}
 		e.scheduled = append(e.scheduled, scheduledRequest{r, newTokens})
 		budget -= newTokens
+	}
+	if len(e.skipped) > 0 {
+		e.waiting = slices.Concat(e.skipped, e.waiting)
+		clear(e.skipped)
+		e.skipped = e.skipped[:0]
+	}
+}
+
+// skipHead passes over the head of the waiting queue for this step.
+func (e *Engine) skipHead() {
+	e.skipped = append(e.skipped, e.waiting[0])
+	e.waiting[0] = nil
+	e.waiting = e.waiting[1:]
+}
+
+// countLookup counts a request's prefix-cache lookup: local tokens hit on the GPU, external
+// loaded from the host tier, which was asked for everything after the GPU hit.
+func (e *Engine) countLookup(r *Request, local, external int) {
+	e.counters.PrefixCacheQueries += uint64(r.numTokens())
+	e.counters.PrefixCacheHits += uint64(local)
+	if e.host != nil {
+		e.counters.ExternalPrefixCacheQueries += uint64(r.numTokens() - local)
+		e.counters.ExternalPrefixCacheHits += uint64(external)
 	}
 }
 
@@ -367,10 +455,13 @@ func (e *Engine) CachedTokens(prompt []uint32) int {
 	return hit
 }
 
-// fits reports whether the blocks for tokens tokens, after the prefix hit, are free now.
-func (e *Engine) fits(tokens int, hits []int32) bool {
+// fits reports whether the blocks for r's whole prompt, after the prefix hit and the blocks it
+// holds, are free now, beside those held for the prompts of other requests loading from the
+// host tier.
+func (e *Engine) fits(r *Request, hits []int32) bool {
 	bs := e.profile.BlockSize
-	return e.blocksToTake(hits, (tokens+bs-1)/bs-len(hits)) <= e.pool.numFree
+	need := (r.numTokens()+bs-1)/bs - len(hits) - len(r.blocks)
+	return e.blocksToTake(hits, need)+e.reserved-r.reserved <= e.pool.numFree
 }
 
 // blocksToTake counts the free blocks that taking hits plus newBlocks new blocks uses up: a hit
@@ -404,7 +495,14 @@ func (e *Engine) allocateSlots(r *Request, hits []int32, newTokens int) bool {
 	for range needed {
 		r.blocks = append(r.blocks, e.pool.allocate())
 	}
-	full := min(computed+newTokens, r.numTokens()) / bs
+	e.cacheBlocks(r, min(computed+newTokens, r.numTokens())/bs)
+	return true
+}
+
+// cacheBlocks registers r's blocks up to full (exclusive) in the prefix cache, logging each
+// run of blocks that entered it.
+func (e *Engine) cacheBlocks(r *Request, full int) {
+	bs := e.profile.BlockSize
 	run := noRun // first block of the current run of newly cached blocks
 	for b := r.numCachedBlocks; b < full; b++ {
 		if e.pool.cache(r.blocks[b], r.blockHash(b, bs)) {
@@ -416,7 +514,6 @@ func (e *Engine) allocateSlots(r *Request, hits []int32, newTokens int) bool {
 	}
 	e.pool.logStored(r, run, full, bs)
 	r.numCachedBlocks = max(r.numCachedBlocks, full)
-	return true
 }
 
 // preempt frees a running request's blocks and puts it back at the front of the queue, to be

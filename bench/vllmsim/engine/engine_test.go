@@ -294,12 +294,17 @@ func TestModelEndedReplyFinishesWithStop(t *testing.T) {
 	}
 }
 
-// trace runs a seeded workload of overlapping conversations on a small cache (so that there
-// are evictions and preemptions) and returns a digest of every step and the final stats.
-func trace(t testing.TB, seed uint64) (uint64, Stats) {
+// traceProfile has a cache small enough for trace's workload to evict and preempt.
+func traceProfile() Profile {
 	p := smallProfile(16, 200)
 	p.MaxNumBatchedTokens = 256
 	p.MaxNumSeqs = 6
+	return p
+}
+
+// trace runs a seeded workload of overlapping conversations on an engine of profile p and
+// returns a digest of every step and the final stats.
+func trace(t testing.TB, p Profile, seed uint64) (uint64, Stats) {
 	e := newEngine(t, p)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	system := seq(1, 300)
@@ -325,15 +330,15 @@ func trace(t testing.TB, seed uint64) (uint64, Stats) {
 }
 
 func TestSameCallsGiveSameResults(t *testing.T) {
-	d1, s1 := trace(t, 1)
-	d2, s2 := trace(t, 1)
+	d1, s1 := trace(t, traceProfile(), 1)
+	d2, s2 := trace(t, traceProfile(), 1)
 	if d1 != d2 || s1 != s2 {
 		t.Fatal("the same workload gave different results")
 	}
 	if s1.Preemptions == 0 || s1.PrefixCacheHits == 0 {
 		t.Fatalf("the workload should exercise preemption and prefix hits: %+v", s1)
 	}
-	if d3, _ := trace(t, 2); d3 == d1 {
+	if d3, _ := trace(t, traceProfile(), 2); d3 == d1 {
 		t.Fatal("a different workload gave the same trace")
 	}
 }

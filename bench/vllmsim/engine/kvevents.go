@@ -12,42 +12,77 @@ const (
 	BlockRemoved                        // a block was evicted from it
 )
 
-// KVEvent is one change of the engine's prefix cache, with what vLLM's BlockStored and
-// BlockRemoved events carry.
+// Medium says which tier a KV event is about, with vLLM's names as String values.
+type Medium uint8
+
+// The tiers: the GPU's prefix cache, and the host-memory tier of the OffloadingConnector.
+const (
+	MediumGPU Medium = iota
+	MediumCPU
+)
+
+var mediumNames = [...]string{MediumGPU: "GPU", MediumCPU: "CPU"}
+
+// String returns vLLM's medium name.
+func (m Medium) String() string { return mediumNames[m] }
+
+// KVEvent is one change of the engine's prefix cache or host tier, with what vLLM's
+// BlockStored and BlockRemoved events carry.
 type KVEvent struct {
 	Kind KVEventKind
-	// BlockHashes are the blocks' hashes: a run of consecutive blocks of one request for
+	// Medium is the tier that changed. The host tier's events carry hashes only, as the
+	// OffloadingConnector's: no parent, no tokens.
+	Medium Medium
+	// BlockHashes are the blocks' hashes. GPU: a run of consecutive blocks of one request for
 	// BlockStored, in token order; one block for BlockRemoved, as vLLM evicts one at a time.
+	// CPU: the blocks of one completed store, or all those one store evicted.
 	BlockHashes []uint64
 	// ParentBlockHash is the hash of the block before the run, 0 for a run that starts the
-	// prompt (vLLM's None). BlockStored only.
+	// prompt (vLLM's None). GPU BlockStored only.
 	ParentBlockHash uint64
-	// TokenIDs are the tokens of the run's blocks. BlockStored only.
+	// TokenIDs are the tokens of the run's blocks. GPU BlockStored only.
 	TokenIDs []uint32
 }
 
 // noRun marks that no run of newly cached blocks is open.
 const noRun = math.MaxInt
 
-// EnableKVEvents makes the engine log every change of its prefix cache for TakeKVEvents.
+// EnableKVEvents makes the engine log every change of its prefix cache and host tier for
+// TakeKVEvents.
 func (e *Engine) EnableKVEvents() {
 	if e.pool.kvEvents == nil {
 		e.pool.kvEvents = new([]KVEvent)
 	}
+	if e.host != nil && e.host.kvEvents == nil {
+		e.host.kvEvents = new([]KVEvent)
+	}
 }
 
 // DisableKVEvents stops the log and drops what it holds.
-func (e *Engine) DisableKVEvents() { e.pool.kvEvents = nil }
+func (e *Engine) DisableKVEvents() {
+	e.pool.kvEvents = nil
+	if e.host != nil {
+		e.host.kvEvents = nil
+	}
+}
 
-// TakeKVEvents returns the cache changes since the last call, in the order they happened, and
-// forgets them, like vLLM's KVCacheManager.take_events after each step. The caller owns the
+// TakeKVEvents returns the changes since the last call and forgets them, like vLLM's
+// scheduler after each step: the prefix cache's (KVCacheManager.take_events) in the order
+// they happened, then the host tier's (the connector's take_events). The caller owns the
 // slice. It returns nil unless EnableKVEvents was called.
 func (e *Engine) TakeKVEvents() []KVEvent {
-	if e.pool.kvEvents == nil || len(*e.pool.kvEvents) == 0 {
+	if e.pool.kvEvents == nil {
 		return nil
 	}
 	events := *e.pool.kvEvents
 	*e.pool.kvEvents = nil
+	if e.host != nil {
+		events = append(events, *e.host.kvEvents...)
+		*e.host.kvEvents = nil
+	}
+	if len(events) == 0 {
+		return nil
+	}
 	return events
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"flag"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -39,6 +40,16 @@ type Profile struct {
 	MemBandwidth float64
 	// MemEfficiency is the share of MemBandwidth a step achieves (0..1].
 	MemEfficiency float64
+
+	// KVOffloadingSize is the host-memory KV tier in GiB (vLLM --kv-offloading-size); 0 means
+	// no tier. Its blocks hold as many tokens as the GPU's.
+	KVOffloadingSize float64
+	// KVOffloadingBackend is vLLM's --kv-offloading-backend; only "native" (the
+	// OffloadingConnector with its CPU spec) is simulated.
+	KVOffloadingBackend string
+	// KVOffloadBandwidth is the host-GPU link's bytes per second, each way: how fast blocks
+	// are copied to the tier and loaded back from it.
+	KVOffloadBandwidth float64
 }
 
 // Profiles are the built-in profiles by name.
@@ -60,6 +71,9 @@ var Profiles = map[string]Profile{
 		KVBytesPerToken:      2 * 36 * 8 * 128 * 2,
 		MemBandwidth:         448e9,
 		MemEfficiency:        0.8,
+		KVOffloadingBackend:  "native",
+		// PCIe 4.0 x16; the README's calibration says where the figure comes from.
+		KVOffloadBandwidth: 25e9,
 	},
 }
 
@@ -69,6 +83,26 @@ const DefaultProfile = "a4000-qwen3-4b"
 // KVCapacityTokens is how many tokens the KV cache holds.
 func (p Profile) KVCapacityTokens() int {
 	return p.NumGPUBlocks * p.BlockSize
+}
+
+// HostTier reports whether the profile has a host-memory KV tier.
+func (p Profile) HostTier() bool { return p.KVOffloadingSize > 0 }
+
+// BlockBytes is the size of one KV block, the unit copied to and from the host tier.
+func (p Profile) BlockBytes() float64 { return float64(p.BlockSize) * p.KVBytesPerToken }
+
+// NumHostBlocks is the host tier's slot count as vLLM's CPU spec computes it: the tier's
+// bytes divided by the bytes of one block (one cross-layer KV tensor, one rank).
+func (p Profile) NumHostBlocks() int {
+	if !p.HostTier() || p.BlockBytes() <= 0 {
+		return 0
+	}
+	return int(math.Floor(p.KVOffloadingSize * (1 << 30) / p.BlockBytes()))
+}
+
+// TransferTime is how long copying bytes over the host-GPU link takes.
+func (p Profile) TransferTime(bytes float64) time.Duration {
+	return time.Duration(bytes / p.KVOffloadBandwidth * float64(time.Second))
 }
 
 // StepTime is the duration of a step that computes prefillTokens prompt tokens and reads the
@@ -100,6 +134,21 @@ func (p Profile) Validate() error {
 		return fmt.Errorf("memory bandwidth %g B/s at efficiency %g is not usable", p.MemBandwidth, p.MemEfficiency)
 	case p.StepOverhead < 0 || p.PrefillTokenCost < 0 || p.WeightsBytes < 0 || p.KVBytesPerToken < 0:
 		return fmt.Errorf("step costs must not be negative")
+	case p.KVOffloadingSize < 0 || math.IsNaN(p.KVOffloadingSize):
+		return fmt.Errorf("kv_offloading_size must be 0 (no host tier) or a positive number of GiB, got %g", p.KVOffloadingSize)
+	}
+	if !p.HostTier() {
+		return nil
+	}
+	switch {
+	case p.KVOffloadingBackend != "native":
+		return fmt.Errorf("kv_offloading_backend %q is not simulated: only native", p.KVOffloadingBackend)
+	case p.BlockBytes() <= 0:
+		return fmt.Errorf("a host tier needs the KV bytes per token, got %g", p.KVBytesPerToken)
+	case p.NumHostBlocks() < 1:
+		return fmt.Errorf("kv_offloading_size %g GiB holds no block of %.0f bytes", p.KVOffloadingSize, p.BlockBytes())
+	case !(p.KVOffloadBandwidth > 0):
+		return fmt.Errorf("kv offload bandwidth %g B/s is not usable", p.KVOffloadBandwidth)
 	}
 	return nil
 }
@@ -121,6 +170,9 @@ func (p *Profile) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&p.KVBytesPerToken, "kv-bytes-per-token", p.KVBytesPerToken, "KV cache bytes per token, read every step for each context token")
 	fs.Float64Var(&p.MemBandwidth, "mem-bandwidth", p.MemBandwidth, "GPU memory bandwidth in bytes/s")
 	fs.Float64Var(&p.MemEfficiency, "mem-efficiency", p.MemEfficiency, "share of the bandwidth a step achieves")
+	fs.Float64Var(&p.KVOffloadingSize, "kv-offloading-size", p.KVOffloadingSize, "host-memory KV tier per engine in GiB, as vLLM's flag (0: none)")
+	fs.StringVar(&p.KVOffloadingBackend, "kv-offloading-backend", p.KVOffloadingBackend, "host tier backend; only native is simulated")
+	fs.Float64Var(&p.KVOffloadBandwidth, "kv-offload-bandwidth", p.KVOffloadBandwidth, "host-GPU link bytes/s each way, for copies to and loads from the host tier")
 }
 
 // Args are the flags that give another process (vllmsim) this profile.
