@@ -41,6 +41,10 @@ func run(args []string) error {
 	p := cfg.Profile
 	log.Printf("vllmsim: %s on http://%s: %d engine(s), profile %s, %d blocks of %d tokens, max_num_seqs %d, time scale %g, balancer %s",
 		cfg.Model, srv.Addr(), cfg.DataParallelSize, p.Name, p.NumGPUBlocks, p.BlockSize, p.MaxNumSeqs, cfg.TimeScale, cfg.LB)
+	if p.HostTier() {
+		log.Printf("vllmsim: host KV tier of %g GiB per engine (%d blocks), loads at %.3g GB/s",
+			p.KVOffloadingSize, p.NumHostBlocks(), p.KVOffloadBandwidth/1e9)
+	}
 	if addr := srv.ControlAddr(); addr != "" {
 		log.Printf("vllmsim: fault switches on http://%s/sim/faults", addr)
 	}

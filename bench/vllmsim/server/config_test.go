@@ -29,6 +29,20 @@ func TestParseFlagsOverridesProfileNumbers(t *testing.T) {
 	}
 }
 
+// TestProfileArgsCarryTheHostTier checks that a profile's Args, which wardenbench gives each
+// vllmsim it launches, give the process the same host tier.
+func TestProfileArgsCarryTheHostTier(t *testing.T) {
+	p := engine.Profiles[engine.DefaultProfile]
+	p.KVOffloadingSize, p.KVOffloadBandwidth = 22, 12.5e9
+	cfg, err := ParseFlags(p.Args(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Profile != p || cfg.Profile.NumHostBlocks() != 10012 {
+		t.Fatalf("profile %+v\nwant    %+v", cfg.Profile, p)
+	}
+}
+
 func TestParseFlagsFitsMaxModelLenToTheCache(t *testing.T) {
 	cfg, err := ParseFlags([]string{"--num-gpu-blocks", "1000"}, io.Discard)
 	if err != nil || cfg.Profile.MaxModelLen != 16000 {
@@ -43,6 +57,7 @@ func TestParseFlagsRejectsNonsense(t *testing.T) {
 	for _, args := range []string{
 		"--profile h100", "--dp-lb random", "--output-len normal:3", "--time-scale 0",
 		"--fault-metrics weird", "--fault-refuse", "--max-num-seqs 0", "--no-such-flag", "stray",
+		"--kv-offloading-size -1", "--kv-offloading-size 0.001", "--kv-offloading-size 8 --kv-offloading-backend lmcache",
 	} {
 		if _, err := ParseFlags(strings.Fields(args), io.Discard); err == nil {
 			t.Errorf("%q was accepted", args)

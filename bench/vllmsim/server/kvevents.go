@@ -146,30 +146,45 @@ type blockStoredMsg struct {
 	LoraID          *int     `msgpack:"lora_id"`
 	Medium          string   `msgpack:"medium"`
 	LoraName        *string  `msgpack:"lora_name"`
-	GroupIdx        int      `msgpack:"group_idx"`
-	KVCacheSpecKind string   `msgpack:"kv_cache_spec_kind"`
+	GroupIdx        *int     `msgpack:"group_idx,omitempty"`
+	KVCacheSpecKind string   `msgpack:"kv_cache_spec_kind,omitempty"`
 }
 
 type blockRemovedMsg struct {
 	Type        string   `msgpack:"type"`
 	BlockHashes []uint64 `msgpack:"block_hashes"`
 	Medium      string   `msgpack:"medium"`
-	GroupIdx    int      `msgpack:"group_idx"`
+	GroupIdx    *int     `msgpack:"group_idx,omitempty"`
 }
+
+// gpuGroup is the KV cache group of every GPU block: a dense model has one. The
+// OffloadingConnector's host-tier events leave group_idx and kv_cache_spec_kind at their
+// defaults, which msgspec omits; they also carry no parent and no tokens.
+var gpuGroup = new(int)
 
 func encodeKVBatch(ts time.Time, events []engine.KVEvent, rank, blockSize int) ([]byte, error) {
 	batch := kvBatch{TS: float64(ts.UnixNano()) / 1e9, DataParallelRank: rank, Events: make([]any, len(events))}
 	for i, ev := range events {
+		gpu := ev.Medium == engine.MediumGPU
 		switch ev.Kind {
 		case engine.BlockStored:
 			m := blockStoredMsg{Type: "BlockStored", BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs,
-				BlockSize: blockSize, Medium: "GPU", KVCacheSpecKind: "full_attention"}
+				BlockSize: blockSize, Medium: ev.Medium.String()}
 			if ev.ParentBlockHash != 0 {
 				m.ParentBlockHash = &ev.ParentBlockHash
 			}
+			if gpu {
+				m.GroupIdx, m.KVCacheSpecKind = gpuGroup, "full_attention"
+			} else {
+				m.TokenIDs = []uint32{}
+			}
 			batch.Events[i] = m
 		case engine.BlockRemoved:
-			batch.Events[i] = blockRemovedMsg{Type: "BlockRemoved", BlockHashes: ev.BlockHashes, Medium: "GPU"}
+			m := blockRemovedMsg{Type: "BlockRemoved", BlockHashes: ev.BlockHashes, Medium: ev.Medium.String()}
+			if gpu {
+				m.GroupIdx = gpuGroup
+			}
+			batch.Events[i] = m
 		default:
 			return nil, fmt.Errorf("unknown KV event kind %d", ev.Kind)
 		}

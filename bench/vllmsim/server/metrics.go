@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,8 +31,33 @@ var (
 	successDesc     = prometheus.NewDesc("vllm:request_success_total", "Count of successfully processed requests.", append([]string{"finished_reason"}, engineLabels...), nil)
 	ttftDesc        = prometheus.NewDesc("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", engineLabels, nil)
 	cacheConfigDesc = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-		[]string{"block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization", "kv_cache_size_tokens", "num_cpu_blocks", "num_gpu_blocks", "prefix_caching_hash_algo", "engine"}, nil)
+		[]string{"block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization", "kv_cache_size_tokens", "kv_offloading_backend", "kv_offloading_size", "num_cpu_blocks", "num_gpu_blocks", "prefix_caching_hash_algo", "engine"}, nil)
+
+	// The KV connector's prefix cache and the prompt's sources, which vLLM exports with or
+	// without a connector.
+	externalQueriesDesc = prometheus.NewDesc("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", engineLabels, nil)
+	externalHitsDesc    = prometheus.NewDesc("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", engineLabels, nil)
+	bySourceDesc        = prometheus.NewDesc("vllm:prompt_tokens_by_source_total", "Number of prompt tokens by source.", append(engineLabels[:len(engineLabels):len(engineLabels)], "source"), nil)
+
+	// The OffloadingConnector's transfers, only with a host tier: by transfer_type (PR
+	// #27942), and by direction in the name (the later redesign, RFC #44008).
+	transferLabels   = append(engineLabels[:len(engineLabels):len(engineLabels)], "transfer_type")
+	offloadBytesDesc = prometheus.NewDesc("vllm:kv_offload_total_bytes_total", "Number of bytes offloaded by KV connector", transferLabels, nil)
+	offloadTimeDesc  = prometheus.NewDesc("vllm:kv_offload_total_time_total", "Total time measured by all KV offloading operations", transferLabels, nil)
+	offloadSizeDesc  = prometheus.NewDesc("vllm:kv_offload_size", "Histogram of KV offload transfer size, in bytes.", transferLabels, nil)
+	directionDescs   = [...]offloadDescs{engine.GPUToCPU: newOffloadDescs("store"), engine.CPUToGPU: newOffloadDescs("load")}
 )
+
+// offloadDescs are one direction's series named by direction.
+type offloadDescs struct{ bytes, time, size *prometheus.Desc }
+
+func newOffloadDescs(op string) offloadDescs {
+	return offloadDescs{
+		bytes: prometheus.NewDesc("vllm:kv_offload_"+op+"_bytes_total", "Bytes of KV offloading "+op+"s.", engineLabels, nil),
+		time:  prometheus.NewDesc("vllm:kv_offload_"+op+"_time_total", "Seconds taken by KV offloading "+op+"s.", engineLabels, nil),
+		size:  prometheus.NewDesc("vllm:kv_offload_"+op+"_size", "Histogram of KV offloading "+op+" sizes, in bytes.", engineLabels, nil),
+	}
+}
 
 // vllmCollector exports every engine's stats with vLLM's names and labels.
 type vllmCollector struct{ s *Server }
@@ -68,6 +94,14 @@ func (c vllmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(promptCacheDesc, st.PromptTokensCached)
 		counter(generationDesc, st.GenerationTokens)
 		counter(preemptionsDesc, st.Preemptions)
+		counter(externalQueriesDesc, st.ExternalPrefixCacheQueries)
+		counter(externalHitsDesc, st.ExternalPrefixCacheHits)
+		for _, src := range engine.PromptSources {
+			ch <- prometheus.MustNewConstMetric(bySourceDesc, prometheus.CounterValue, value(float64(st.PromptTokensBySource[src])), model, rank, src.String())
+		}
+		if p.HostTier() {
+			c.collectOffload(ch, st, value, model, rank)
+		}
 		for _, reason := range engine.FinishReasons {
 			ch <- prometheus.MustNewConstMetric(successDesc, prometheus.CounterValue, value(float64(st.RequestSuccess[reason])), reason.String(), model, rank)
 		}
@@ -78,8 +112,43 @@ func (c vllmCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstHistogram(ttftDesc, st.TTFT.Count, st.TTFT.Sum, buckets, model, rank)
 		ch <- prometheus.MustNewConstMetric(cacheConfigDesc, prometheus.GaugeValue, 1,
 			strconv.Itoa(p.BlockSize), "auto", "True", strconv.FormatFloat(p.GPUMemoryUtilization, 'g', -1, 64),
-			strconv.Itoa(p.KVCapacityTokens()), "0", strconv.Itoa(p.NumGPUBlocks), "sha256", rank)
+			strconv.Itoa(p.KVCapacityTokens()), p.KVOffloadingBackend, offloadingSizeLabel(p), "0", strconv.Itoa(p.NumGPUBlocks), "sha256", rank)
 	}
+}
+
+// collectOffload sends an engine's host-tier transfer series. Those labelled by transfer_type
+// appear with the first transfer of their type, as in vLLM.
+func (c vllmCollector) collectOffload(ch chan<- prometheus.Metric, st engine.Stats, value func(float64) float64, model, rank string) {
+	for _, dir := range engine.Directions {
+		t := st.Offload[dir]
+		buckets := make(map[float64]uint64, len(engine.OffloadSizeBuckets))
+		for i, le := range engine.OffloadSizeBuckets {
+			buckets[le] = t.Sizes.Cumulative[i]
+		}
+		d := directionDescs[dir]
+		ch <- prometheus.MustNewConstMetric(d.bytes, prometheus.CounterValue, value(t.Bytes), model, rank)
+		ch <- prometheus.MustNewConstMetric(d.time, prometheus.CounterValue, value(t.Seconds), model, rank)
+		ch <- prometheus.MustNewConstHistogram(d.size, t.Sizes.Count, t.Sizes.Sum, buckets, model, rank)
+		if t.Sizes.Count == 0 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(offloadBytesDesc, prometheus.CounterValue, value(t.Bytes), model, rank, dir.String())
+		ch <- prometheus.MustNewConstMetric(offloadTimeDesc, prometheus.CounterValue, value(t.Seconds), model, rank, dir.String())
+		ch <- prometheus.MustNewConstHistogram(offloadSizeDesc, t.Sizes.Count, t.Sizes.Sum, buckets, model, rank, dir.String())
+	}
+}
+
+// offloadingSizeLabel is cache_config_info's kv_offloading_size as Python prints the float,
+// or None without a host tier.
+func offloadingSizeLabel(p engine.Profile) string {
+	if !p.HostTier() {
+		return "None"
+	}
+	s := strconv.FormatFloat(p.KVOffloadingSize, 'g', -1, 64)
+	if !strings.ContainsAny(s, ".e") {
+		s += ".0"
+	}
+	return s
 }
 
 // hugeMetricsBytes is how much filler a "huge" /metrics appends.

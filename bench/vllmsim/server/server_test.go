@@ -439,7 +439,7 @@ func TestMetricsExposeEveryVLLMSeries(t *testing.T) {
 		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
 		"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
 		"vllm:prompt_tokens_cached_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
-		"vllm:time_to_first_token_seconds",
+		"vllm:time_to_first_token_seconds", "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
 	} {
 		for rank := range 2 {
 			if _, ok := m[fmt.Sprintf(`%s{engine="%d"}`, name, rank)]; !ok {
@@ -450,9 +450,20 @@ func TestMetricsExposeEveryVLLMSeries(t *testing.T) {
 	if m[`vllm:request_success_total{engine="0",finished_reason="length"}`] != 1 || m[`vllm:generation_tokens_total{engine="0"}`] != 2 {
 		t.Error("the finished request is not counted")
 	}
-	info := `vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",kv_cache_size_tokens="40000",num_cpu_blocks="0",num_gpu_blocks="2500",prefix_caching_hash_algo="sha256"}`
+	info := `vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",kv_cache_size_tokens="40000",kv_offloading_backend="native",kv_offloading_size="None",num_cpu_blocks="0",num_gpu_blocks="2500",prefix_caching_hash_algo="sha256"}`
 	if m[info] != 1 {
 		t.Errorf("missing %s", info)
+	}
+	// Without a host tier: every prompt token computed, no connector transfers.
+	prompt := m[`vllm:prompt_tokens_total{engine="0"}`]
+	if m[`vllm:prompt_tokens_by_source_total{engine="0",source="local_compute"}`] != prompt || prompt == 0 ||
+		m[`vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"}`] != 0 {
+		t.Errorf("prompt tokens by source do not add up to the %v prompt tokens", prompt)
+	}
+	for key := range m {
+		if strings.HasPrefix(key, "vllm:kv_offload") {
+			t.Errorf("%s without a host tier", key)
+		}
 	}
 }
 
