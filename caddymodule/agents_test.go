@@ -317,7 +317,7 @@ func TestCompactionPlacesAnew(t *testing.T) {
 	for _, fl := range flows {
 		t.Run(fl.name, func(t *testing.T) {
 			backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tcompaction on\n\t\t\tcompaction_interval 1s", proxyOptions: observedProxy}, addresses(backends)...)
+			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", proxyOptions: observedProxy, fields: map[string]any{"compaction": true, "compaction_interval": "1s"}}, addresses(backends)...)
 			home := f.agentTurn(t, "conv", fl.turn(0))
 			time.Sleep(1100 * time.Millisecond)
 			// Load home: a long request of the conversation itself in flight.
@@ -373,7 +373,7 @@ func homeBusy(backends []*fakeVLLM, backend string) bool {
 // Hostile input against agent-aware keying.
 func TestHostileAgentInput(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
-	f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tmax_sessions 64", proxyOptions: observedProxy}, addresses(backends)...)
+	f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", proxyOptions: observedProxy, fields: map[string]any{"max_sessions": 64}}, addresses(backends)...)
 
 	// IDs are bearer-like: a body (or header) that names another
 	// conversation's ID is routed to that conversation's replica, and that is

@@ -29,6 +29,9 @@ type App struct {
 	PinStore *PinStoreConfig `json:"pin_store,omitempty"`
 
 	loads []*modelLoad // sorted by model name
+	// repliesRead is set when a warden_stop_reason of this config was
+	// provisioned (checkRepliesRead).
+	repliesRead bool
 }
 
 // CaddyModule returns the Caddy module information.

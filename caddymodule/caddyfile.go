@@ -2,9 +2,11 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
+	"slices"
 	"strconv"
-	"time"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -13,70 +15,46 @@ import (
 
 	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 func init() {
 	httpcaddyfile.RegisterGlobalOption("warden", parseGlobalOption)
 }
 
-// parseGlobalOption sets up the warden app from the global options block:
+// parseGlobalOption sets up the warden app from the global options block;
+// README.md's "Syntax" lists every option with its default:
 //
 //	warden {
-//		pin_store local|redis {              # pins shared by Caddy instances
+//		pin_store local|redis {
 //			address <host:port>
 //			username <name>
-//			password <password>              # e.g. {env.REDIS_PASSWORD}
+//			password <password>
 //			db <n>
 //			key_prefix <prefix>
 //			timeout <duration>
-//			sync_interval <duration>
-//			tls_enabled [on|off]
-//			tls_insecure [on|off]
+//			tls_enabled on|off
 //		}
 //		model <name> {
-//			replicas <host:port>...          # one vLLM server per replica
-//			replica [<host:port>] {           # or one at a time, launched by Caddy
-//				process <command> <args>...   # e.g. vllm serve MODEL --port 8001
+//			replicas <host:port>...
+//			replica [<host:port>] {
+//				process <command> <args>...
 //				env <name> <value>
 //				dir <path>
-//				startup_timeout <duration>
-//				stop_grace <duration>
-//				kv_events tcp://<host:port> [<topic>]  # where it publishes its KV cache events
+//				kv_events tcp://<host:port> [<topic>]
 //			}
-//			server <host:port> ranks <n>      # or one server with internal DP
-//			server [<host:port> ranks <n>] { process ... kv_events ... }
+//			server <host:port> ranks <n>
+//			server [<host:port> ranks <n>] { ... as replica }
 //			max_num_seqs <n>
 //			spill_threshold auto|<n>
 //			affinity on|off
-//			session_headers <header>...
-//			session_from_body [on|off]
 //			fingerprint on|off
-//			subagents on|off
-//			compaction on|off
-//			compaction_interval <duration>
-//			body_scan_bytes <n>
-//			client_pinning on|off
-//			session_ttl <duration>
-//			active_window <duration>
-//			max_sessions <n>
-//			metrics_interval <duration>
-//			pin_snapshot_interval <duration>|off
-//			pin_store local|redis { ... }    # overrides the app's
-//			load_control [on|off] {          # hold turns that do not fit in the KV caches
-//				fill <share>                 # of each replica's KV capacity (default 0.95)
-//				fill_range <min> <max>|off   # each replica's fill follows its residents' hits (default off)
-//				linger <duration>            # residency after a turn (default 6s)
-//				max_wait <duration>          # then the turn proceeds (default 5m)
-//				max_queue <n>                # then turns are refused, 503 (default 1024)
-//				capacity_tokens <n>          # per replica; 0 reads /metrics
-//				quantum <turns>|off          # turns before a resident yields to waiting ones (default 3)
-//				stagger <duration>|off       # between a filling replica's new conversations (default off)
-//				min_residents <n>            # conversations a replica takes however large (default 2)
-//				touch on|off                 # a replica a resident left waits for its idle residents (default off)
-//			}
+//			load_control off|on|farm
+//			pin_store local|redis { ... }
 //		}
 //	}
+//
+// The fine settings are JSON fields of the app (docs/configuration.md); a
+// Caddyfile option that became one fails at load and says so.
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	app := &App{Models: map[string]*ModelConfig{}}
 	if existing != nil { // warden blocks repeated
@@ -92,56 +70,113 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	for d.NextBlock(0) {
-		if d.Val() == "pin_store" {
+	err := parseBlock(d, "warden", map[string]option{
+		"pin_store": {parse: func(d *caddyfile.Dispenser) (err error) {
 			if app.PinStore != nil {
-				return nil, d.Err("pin_store declared twice")
+				return d.Err("pin_store given twice")
 			}
-			var err error
-			if app.PinStore, err = parsePinStore(d); err != nil {
-				return nil, err
+			app.PinStore, err = parsePinStore(d)
+			return err
+		}},
+		"model": {repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			var name string
+			if !d.Args(&name) {
+				return d.Err("model needs a name: model <name> { ... }")
 			}
-			continue
-		}
-		if d.Val() != "model" {
-			return nil, d.Errf("unrecognized warden option %q; expected model or pin_store", d.Val())
-		}
-		var name string
-		if !d.Args(&name) {
-			return nil, d.Err("model needs a name: model <name> { ... }")
-		}
-		if _, dup := app.Models[name]; dup {
-			return nil, d.Errf("model %q declared twice", name)
-		}
-		m, err := parseModel(d)
-		if err != nil {
-			return nil, err
-		}
-		if err := m.provision(name); err != nil {
-			return nil, d.Err(err.Error())
-		}
-		if err := m.validate(name); err != nil {
-			return nil, d.Err(err.Error())
-		}
-		app.Models[name] = m
+			if _, dup := app.Models[name]; dup {
+				return d.Errf("model %q declared twice", name)
+			}
+			m, err := parseModel(d)
+			if err != nil {
+				return err
+			}
+			if err := m.provision(name); err != nil {
+				return d.Err(err.Error())
+			}
+			if err := m.validate(name); err != nil {
+				return d.Err(err.Error())
+			}
+			app.Models[name] = m
+			return nil
+		}},
+	}, nil)
+	if err != nil {
+		return nil, err
 	}
 	return httpcaddyfile.App{Name: "warden", Value: caddyconfig.JSON(app, nil)}, nil
 }
 
-// givenOnce holds the options of a block met so far, so that one given
-// twice fails with its line instead of the last silently winning; an
-// option mapped to false may come again.
-type givenOnce map[string]bool
+// option reads one option of a block: its arguments, and its own block if
+// it has one.
+type option struct {
+	parse func(d *caddyfile.Dispenser) error
+	// repeats: the option may be given again, its values adding up.
+	repeats bool
+}
 
-func (g givenOnce) check(d *caddyfile.Dispenser, opt string) error {
-	once, met := g[opt]
-	if met && once {
-		return d.Errf("%s given twice", opt)
-	}
-	if !met {
-		g[opt] = true
+// parseBlock reads the block that opens at d's current line with the
+// options it accepts. An option that is unknown, given twice (unless it
+// repeats) or given an argument too many fails at its line with what was
+// expected; one named in removed fails with what replaced it.
+func parseBlock(d *caddyfile.Dispenser, block string, options map[string]option, removed map[string]string) error {
+	given := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		opt, known := options[name]
+		switch {
+		case !known && removed[name] != "":
+			return d.Err(removed[name])
+		case !known:
+			return d.Errf("unrecognized %s option %q; expected %s", block, name, oneOf(options))
+		case given[name] && !opt.repeats:
+			return d.Errf("%s given twice", name)
+		}
+		given[name] = true
+		if err := opt.parse(d); err != nil {
+			return err
+		}
+		if d.NextArg() {
+			return d.Errf("%s: unexpected argument %q", name, d.Val())
+		}
 	}
 	return nil
+}
+
+// oneOf lists the options' names for an error: "a, b or c".
+func oneOf(options map[string]option) string {
+	names := make([]string, 0, len(options))
+	for name := range options {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// jsonField is the error for a Caddyfile option that became a JSON field of
+// the model (the same name, the same meaning), documented in doc.
+func jsonField(name, doc string) string {
+	return fmt.Sprintf("%s is no longer a Caddyfile option: set %q in the model's JSON (apps.warden.models.<model>), see %s", name, name, doc)
+}
+
+// removedModelOptions are the model options a Caddyfile no longer takes,
+// with what replaced them (CHANGELOG.md).
+var removedModelOptions = map[string]string{
+	"rule":                  "rule was removed: the default rule (seed) is the only one, delete the line",
+	"session_headers":       jsonField("session_headers", "docs/agents.md"),
+	"session_from_body":     jsonField("session_from_body", "docs/agents.md"),
+	"subagents":             jsonField("subagents", "docs/agents.md"),
+	"compaction":            jsonField("compaction", "docs/agents.md"),
+	"compaction_interval":   jsonField("compaction_interval", "docs/agents.md"),
+	"body_scan_bytes":       jsonField("body_scan_bytes", "docs/agents.md"),
+	"client_pinning":        jsonField("client_pinning", "docs/configuration.md"),
+	"session_ttl":           jsonField("session_ttl", "docs/configuration.md"),
+	"active_window":         jsonField("active_window", "docs/configuration.md"),
+	"max_sessions":          jsonField("max_sessions", "docs/configuration.md"),
+	"metrics_interval":      jsonField("metrics_interval", "docs/configuration.md"),
+	"pin_snapshot_interval": jsonField("pin_snapshot_interval", "docs/shared-pins.md"),
 }
 
 // parseModel reads a model block. Affinity is always written, so that the
@@ -152,93 +187,67 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	given := givenOnce{"replicas": false, "replica": false} // these add up
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := given.check(d, opt); err != nil {
-			return nil, err
-		}
-		var err error
-		switch opt {
-		case "replicas":
+	err := parseBlock(d, "model", map[string]option{
+		"replicas": {repeats: true, parse: func(d *caddyfile.Dispenser) error {
 			addrs := d.RemainingArgs()
 			if len(addrs) == 0 {
-				return nil, d.Err("replicas needs at least one host:port")
+				return d.Err("replicas needs at least one host:port")
 			}
 			for _, a := range addrs {
 				if err := checkAddress(d, a); err != nil {
-					return nil, err
+					return err
 				}
 				m.Replicas = append(m.Replicas, ReplicaConfig{Address: a})
 			}
-		case "replica":
+			return nil
+		}},
+		"replica": {repeats: true, parse: func(d *caddyfile.Dispenser) (err error) {
 			var r ReplicaConfig
 			if d.Args(&r.Address) {
 				if err := checkAddress(d, r.Address); err != nil {
-					return nil, err
+					return err
 				}
 			}
 			r.Process, r.KVEvents, err = parseServerBlock(d)
 			m.Replicas = append(m.Replicas, r)
-		case "server":
+			return err
+		}},
+		"server": {parse: func(d *caddyfile.Dispenser) (err error) {
 			m.Server, err = parseServer(d)
-		case "max_num_seqs":
+			return err
+		}},
+		"max_num_seqs": {parse: func(d *caddyfile.Dispenser) (err error) {
 			m.MaxNumSeqs, err = positiveInt(d)
-		case "spill_threshold":
-			err = parseSpillThreshold(d, m)
-		case "affinity":
-			var on bool
-			on, err = onOff(d)
-			m.Affinity = &on
-		case "rule":
-			return nil, d.Err("rule was removed: the default rule (seed) is the only one, delete the line; cachefit was an experiment (docs/policy.md)")
-		case "session_headers":
-			m.SessionHeaders = d.RemainingArgs()
-			if len(m.SessionHeaders) == 0 {
-				return nil, d.Err("session_headers needs at least one header name")
-			}
-		case "session_from_body":
-			m.SessionFromBody, err = optionalOnOffPtr(d)
-		case "fingerprint":
+			return err
+		}},
+		"spill_threshold": {parse: func(d *caddyfile.Dispenser) (err error) {
+			m.SpillThreshold, err = argument(d, "auto or a positive integer", func(s string) (int, bool) {
+				if s == "auto" {
+					return 0, true
+				}
+				n, err := strconv.Atoi(s)
+				return n, err == nil && n >= 1
+			})
+			return err
+		}},
+		"affinity": {parse: func(d *caddyfile.Dispenser) (err error) {
+			m.Affinity, err = onOffPtr(d)
+			return err
+		}},
+		"fingerprint": {parse: func(d *caddyfile.Dispenser) (err error) {
 			m.Fingerprint, err = onOffPtr(d)
-		case "subagents":
-			m.Subagents, err = onOffPtr(d)
-		case "compaction":
-			m.Compaction, err = onOffPtr(d)
-		case "compaction_interval":
-			m.CompactionInterval, err = duration(d)
-		case "body_scan_bytes":
-			m.BodyScanBytes, err = positiveInt(d)
-		case "client_pinning":
-			m.ClientPinning, err = onOff(d)
-		case "session_ttl":
-			m.SessionTTL, err = duration(d)
-		case "active_window":
-			m.ActiveWindow, err = duration(d)
-		case "max_sessions":
-			m.MaxSessions, err = positiveInt(d)
-			if err == nil && m.MaxSessions < selection.MinMaxSessions {
-				err = d.Errf("max_sessions must be at least %d", selection.MinMaxSessions)
-			}
-		case "metrics_interval":
-			m.MetricsInterval, err = duration(d)
-		case "pin_snapshot_interval":
-			m.PinSnapshotInterval, err = durationOrOff(d)
-		case "pin_store":
-			m.PinStore, err = parsePinStore(d)
-		case "load_control":
+			return err
+		}},
+		"load_control": {parse: func(d *caddyfile.Dispenser) (err error) {
 			m.LoadControl, err = parseLoadControl(d)
-		default:
-			return nil, d.Errf("unrecognized model option %q", opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if d.NextArg() {
-			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
-		}
-	}
-	return m, nil
+			return err
+		}},
+		"pin_store": {parse: func(d *caddyfile.Dispenser) (err error) {
+			m.PinStore, err = parsePinStore(d)
+			return err
+		}},
+	}, removedModelOptions)
+	return m, err
 }
 
 // parseServer reads `server <host:port> ranks <n>`, whose address and ranks
@@ -268,96 +277,68 @@ func parseServer(d *caddyfile.Dispenser) (*ServerConfig, error) {
 	return srv, err
 }
 
+// removedProcessOptions are the options of a replica or server block a
+// Caddyfile no longer takes.
+var removedProcessOptions = map[string]string{
+	"startup_timeout": processField("startup_timeout"),
+	"stop_grace":      processField("stop_grace"),
+}
+
+func processField(name string) string {
+	return fmt.Sprintf("%s is no longer a Caddyfile option: set %q in the replica's process JSON (apps.warden.models.<model>.replicas[].process), see docs/processes.md", name, name)
+}
+
 // parseServerBlock reads the optional block of a replica or server: the
 // process the app launches, and where the server publishes its KV cache
 // events.
 func parseServerBlock(d *caddyfile.Dispenser) (*ProcessConfig, *KVEventsConfig, error) {
-	var p *ProcessConfig
+	p := &ProcessConfig{}
 	var events *KVEventsConfig
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if opt == "kv_events" {
-			if events != nil {
-				return nil, nil, d.Err("kv_events given twice")
+	err := parseBlock(d, "replica", map[string]option{
+		"process": {parse: func(d *caddyfile.Dispenser) error {
+			if p.Command = d.RemainingArgs(); len(p.Command) == 0 {
+				return d.Err("process: expected a command, e.g. process vllm serve MODEL --port 8001")
 			}
+			return nil
+		}},
+		"env": {repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			var name, value string
+			if !d.Args(&name, &value) {
+				return d.Err("env: expected a name and a value")
+			}
+			if p.Env == nil {
+				p.Env = map[string]string{}
+			}
+			p.Env[name] = value
+			return nil
+		}},
+		"dir": {parse: func(d *caddyfile.Dispenser) error {
+			if !d.Args(&p.Dir) {
+				return d.Err("dir: expected a directory")
+			}
+			return nil
+		}},
+		"kv_events": {parse: func(d *caddyfile.Dispenser) error {
 			events = &KVEventsConfig{}
 			if !d.Args(&events.Endpoint) {
-				return nil, nil, d.Err("kv_events: expected the publisher's endpoint, tcp://host:port, and optionally its topic")
+				return d.Err("kv_events: expected the publisher's endpoint, tcp://host:port, and optionally its topic")
 			}
 			if err := kvevents.CheckEndpoint(events.Endpoint); err != nil {
-				return nil, nil, d.Errf("kv_events: %v", err)
+				return d.Errf("kv_events: %v", err)
 			}
 			d.Args(&events.Topic)
-			if d.NextArg() {
-				return nil, nil, d.Errf("kv_events: unexpected argument %q", d.Val())
-			}
-			continue
-		}
-		if p == nil {
-			p = &ProcessConfig{}
-		}
-		if err := parseProcessOption(d, p, opt); err != nil {
-			return nil, nil, err
-		}
-	}
-	if p != nil && len(p.Command) == 0 {
+			return nil
+		}},
+	}, removedProcessOptions)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case len(p.Command) == 0 && (p.Env != nil || p.Dir != ""):
 		return nil, nil, d.Err("the block needs a process line")
+	case len(p.Command) == 0:
+		return nil, events, nil
 	}
 	return p, events, nil
-}
-
-// parseProcessOption reads one option of a launched server.
-func parseProcessOption(d *caddyfile.Dispenser, p *ProcessConfig, opt string) error {
-	var err error
-	switch opt {
-	case "process":
-		p.Command = d.RemainingArgs()
-		if len(p.Command) == 0 {
-			return d.Err("process: expected a command, e.g. process vllm serve MODEL --port 8001")
-		}
-	case "env":
-		var name, value string
-		if !d.Args(&name, &value) {
-			return d.Err("env: expected a name and a value")
-		}
-		if p.Env == nil {
-			p.Env = map[string]string{}
-		}
-		p.Env[name] = value
-	case "dir":
-		if !d.Args(&p.Dir) {
-			return d.Err("dir: expected a directory")
-		}
-	case "startup_timeout":
-		p.StartupTimeout, err = duration(d)
-	case "stop_grace":
-		p.StopGrace, err = duration(d)
-	default:
-		return d.Errf("unrecognized option %q; expected process, env, dir, startup_timeout, stop_grace or kv_events", opt)
-	}
-	if err != nil {
-		return err
-	}
-	if d.NextArg() {
-		return d.Errf("%s: unexpected argument %q", opt, d.Val())
-	}
-	return nil
-}
-
-func parseSpillThreshold(d *caddyfile.Dispenser, m *ModelConfig) error {
-	if !d.NextArg() {
-		return d.Err("spill_threshold: expected auto or a positive integer")
-	}
-	if d.Val() == "auto" {
-		m.SpillThreshold = 0
-		return nil
-	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < 1 {
-		return d.Errf("spill_threshold: expected auto or a positive integer, got %q", d.Val())
-	}
-	m.SpillThreshold = n
-	return nil
 }
 
 func positiveInt(d *caddyfile.Dispenser) (int, error) {
@@ -382,26 +363,11 @@ func argument[T any](d *caddyfile.Dispenser, expected string, parse func(string)
 	return v, nil
 }
 
+// onOff reads the one boolean syntax of warden's Caddyfile options.
 func onOff(d *caddyfile.Dispenser) (bool, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return false, d.Errf("%s: expected on or off", opt)
-	}
-	switch d.Val() {
-	case "on":
-		return true, nil
-	case "off":
-		return false, nil
-	}
-	return false, d.Errf("%s: expected on or off, got %q", opt, d.Val())
-}
-
-// optionalOnOff reads a flag that means on when given alone.
-func optionalOnOff(d *caddyfile.Dispenser) (bool, error) {
-	if d.CountRemainingArgs() == 0 {
-		return true, nil
-	}
-	return onOff(d)
+	return argument(d, "on or off", func(s string) (bool, bool) {
+		return s == "on", s == "on" || s == "off"
+	})
 }
 
 func onOffPtr(d *caddyfile.Dispenser) (*bool, error) {
@@ -409,38 +375,11 @@ func onOffPtr(d *caddyfile.Dispenser) (*bool, error) {
 	return &on, err
 }
 
-func optionalOnOffPtr(d *caddyfile.Dispenser) (*bool, error) {
-	on, err := optionalOnOff(d)
-	return &on, err
-}
-
 func duration(d *caddyfile.Dispenser) (caddy.Duration, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return 0, d.Errf("%s: expected a duration such as 30s or 5m", opt)
-	}
-	v, err := caddy.ParseDuration(d.Val())
-	if err != nil || v <= 0 {
-		return 0, d.Errf("%s: expected a positive duration such as 30s or 5m, got %q", opt, d.Val())
-	}
-	return caddy.Duration(v), nil
-}
-
-// durationOrOff reads a duration, or off (or 0), written as 0.
-func durationOrOff(d *caddyfile.Dispenser) (*caddy.Duration, error) {
-	opt := d.Val()
-	if !d.NextArg() {
-		return nil, d.Errf("%s: expected a duration such as 30s, or off", opt)
-	}
-	var v time.Duration
-	if d.Val() != "off" {
-		var err error
-		if v, err = caddy.ParseDuration(d.Val()); err != nil || v < 0 {
-			return nil, d.Errf("%s: expected a duration such as 30s, or off, got %q", opt, d.Val())
-		}
-	}
-	out := caddy.Duration(v)
-	return &out, nil
+	return argument(d, "a positive duration such as 30s or 5m", func(s string) (caddy.Duration, bool) {
+		v, err := caddy.ParseDuration(s)
+		return caddy.Duration(v), err == nil && v > 0
+	})
 }
 
 // checkAddress reports a replica address that is not host:port at its line.

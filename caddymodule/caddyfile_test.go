@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/caddyserver/caddy/v2"
 	"math"
 	"strings"
 	"testing"
@@ -65,50 +66,58 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("server localhost ranks 2"), 3, `address "localhost": want host:port`},
 		{wardenOption("replicas 127.0.0.1:1 127.0.0.1:1"), 4, `model "m": address 127.0.0.1:1 listed twice`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tserver 127.0.0.1:2 ranks 2"), 5, `model "m": replicas and server are exclusive`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_ttl soon"), 4, `session_ttl: expected a positive duration such as 30s or 5m, got "soon"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_ttl"), 4, "session_ttl: expected a duration such as 30s or 5m"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tactive_window -1m"), 4, `active_window: expected a positive duration such as 30s or 5m, got "-1m"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tbogus 1"), 4, `unrecognized model option "bogus"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tbogus 1"), 4, `unrecognized model option "bogus"; expected affinity, fingerprint, load_control, max_num_seqs, pin_store, replica, replicas, server or spill_threshold`},
 		{wardenOption("max_num_seqs 32"), 4, `model "m": needs replicas or a server`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\trule seed"), 4, "rule was removed: the default rule (seed) is the only one, delete the line"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\trule cachefit"), 4, "cachefit was an experiment"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions 10"), 4, `max_sessions must be at least 64`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_headers"), 4, "session_headers needs at least one header name"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_from_body maybe"), 4, `session_from_body: expected on or off, got "maybe"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tfingerprint"), 4, "fingerprint: expected on or off"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tsubagents yes"), 4, `subagents: expected on or off, got "yes"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tcompaction on off"), 4, `compaction: unexpected argument "off"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tfingerprint yes"), 4, `fingerprint: expected on or off, got "yes"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\taffinity true"), 4, `affinity: expected on or off, got "true"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs 8 16"), 4, `max_num_seqs: unexpected argument "16"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning on off"), 4, `client_pinning: unexpected argument "off"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\taffinity on off"), 4, `affinity: unexpected argument "off"`},
+		// Options that became JSON fields say so, and where.
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_ttl 1h"), 4, `session_ttl is no longer a Caddyfile option: set "session_ttl" in the model's JSON (apps.warden.models.<model>), see docs/configuration.md`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tactive_window 2m"), 4, `set "active_window" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions 64"), 4, `set "max_sessions" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\n\t\tmetrics_interval 1s"), 5, `set "metrics_interval" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_snapshot_interval off"), 4, `set "pin_snapshot_interval" in the model's JSON (apps.warden.models.<model>), see docs/shared-pins.md`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning on"), 4, `set "client_pinning" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_headers X-A"), 4, `set "session_headers" in the model's JSON (apps.warden.models.<model>), see docs/agents.md`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_from_body"), 4, `set "session_from_body" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tsubagents off"), 4, `set "subagents" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tcompaction on"), 4, `set "compaction" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tcompaction_interval 1m"), 4, `set "compaction_interval" in the model's JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tbody_scan_bytes 65536"), 4, `set "body_scan_bytes" in the model's JSON`},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tstartup_timeout 1h\n\t\t}"), 5,
+			`startup_timeout is no longer a Caddyfile option: set "startup_timeout" in the replica's process JSON (apps.warden.models.<model>.replicas[].process), see docs/processes.md`},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tstop_grace 5s\n\t\t}"), 5, `set "stop_grace" in the replica's process JSON`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\tsync_interval 5s\n\t\t}"), 5,
+			`sync_interval is no longer a Caddyfile option: set "sync_interval" in the pin store's JSON (pin_store.redis), see docs/shared-pins.md`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_insecure on\n\t\t}"), 5, `set "tls_insecure" in the pin store's JSON`},
+		// Processes and their blocks.
 		{wardenOption("replica {\n\t\t\tprocess\n\t\t}"), 4, "process: expected a command, e.g. process vllm serve MODEL --port 8001"},
 		{wardenOption("replica {\n\t\t\tenv ONLY_NAME\n\t\t}"), 4, "env: expected a name and a value"},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m\n\t\t}"), 6, "process [vllm serve m]: give the replica an address or the command a --port"},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tdir /tmp\n\t\t}"), 5, "the block needs a process line"},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port x\n\t\t}"), 6, "--port"},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tdir\n\t\t}"), 5, "dir: expected a directory"},
-		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tstop_grace never\n\t\t}"), 5, `stop_grace: expected a positive duration such as 30s or 5m, got "never"`},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1 --max-num-seqs many\n\t\t}"), 6, `--max-num-seqs: want an integer, got "many"`},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tuser vllm\n\t\t}"), 5,
-			`unrecognized option "user"; expected process, env, dir, startup_timeout, stop_grace or kv_events`},
+			`unrecognized replica option "user"; expected dir, env, kv_events or process`},
 		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tdir /a /b\n\t\t}"), 5, `dir: unexpected argument "/b"`},
+		{wardenOption("replica {\n\t\t\tprocess vllm serve m --port 1\n\t\t\tprocess vllm serve n --port 2\n\t\t}"), 5, "process given twice"},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events\n\t\t}"), 4, "kv_events: expected the publisher's endpoint, tcp://host:port, and optionally its topic"},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://*:5557\n\t\t}"), 4, `kv_events: kvevents: endpoint "tcp://*:5557" is where vLLM binds; give the host to connect to, e.g. tcp://127.0.0.1:5557`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events ipc:///tmp/kv\n\t\t}"), 4, `must be tcp://host:port`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:5557 topic extra\n\t\t}"), 4, `kv_events: unexpected argument "extra"`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:70000\n\t\t}"), 4, `the port in 1-65535`},
 		{wardenOption("replica 127.0.0.1:1 {\n\t\t\tkv_events tcp://127.0.0.1:1\n\t\t\tkv_events tcp://127.0.0.1:2\n\t\t}"), 5, "kv_events given twice"},
+		// Given twice: the last would win silently.
 		{wardenOption("server 127.0.0.1:1 ranks 2\n\t\tserver 127.0.0.1:2 ranks 4"), 4, "server given twice"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.5\n\t\t}\n\t\tload_control off"), 7, "load_control given twice"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tsession_headers A\n\t\tsession_headers B"), 5, "session_headers given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control farm\n\t\tload_control off"), 5, "load_control given twice"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tspill_threshold 5\n\t\tspill_threshold auto"), 5, "spill_threshold given twice"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_num_seqs 8\n\t\tmax_num_seqs 16"), 5, "max_num_seqs given twice"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.9\n\t\t\tfill 0.8\n\t\t}"), 6, "fill given twice"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\treplicas 127.0.0.1:2\n\t\treplicas"), 5, "replicas needs at least one host:port"}, // replicas add up
-		// As hostile_test.go TestCaddyfileErrorsNameTheLine expects.
-		{wardenOption("replicas 127.0.0.1:1\n\t\tmax_sessions -5"), 4, `max_sessions: expected a positive integer, got "-5"`},
-		{wardenOption("replicas 127.0.0.1:1\n\n\t\tmetrics_interval 0s"), 5, `metrics_interval: expected a positive duration such as 30s or 5m, got "0s"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tclient_pinning yes"), 4, `client_pinning: expected on or off, got "yes"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tbody_scan_bytes 64k"), 4, `body_scan_bytes: expected a positive integer, got "64k"`},
-		{"warden {\n\tnot_a_model\n}", 2, `unrecognized warden option "not_a_model"; expected model`},
+		{"warden {\n\tnot_a_model\n}", 2, `unrecognized warden option "not_a_model"; expected model or pin_store`},
 		// The shared pin store, in the warden block or a model.
 		{"warden {\n\tpin_store memcached\n}", 2, `pin_store: expected local or redis, got "memcached"`},
 		{"warden {\n\tpin_store\n}", 2, "pin_store: expected local or redis"},
@@ -117,32 +126,21 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{"warden {\n\tpin_store redis {\n\t\taddress localhost\n\t}\n}", 3, `address "localhost": want host:port`},
 		{"warden {\n\tpin_store redis {\n\t\tdb one\n\t}\n}", 3, `db: expected a database number (0, 1, ...), got "one"`},
 		{"warden {\n\tpin_store redis {\n\t\ttimeout soon\n\t}\n}", 3, `timeout: expected a positive duration such as 30s or 5m, got "soon"`},
-		{"warden {\n\tpin_store redis {\n\t\tport 6379\n\t}\n}", 3, `unrecognized pin_store redis option "port"; expected address, username, password`},
+		{"warden {\n\tpin_store redis {\n\t\tport 6379\n\t}\n}", 3,
+			`unrecognized pin_store redis option "port"; expected address, db, key_prefix, password, timeout, tls_enabled or username`},
 		{"warden {\n\tpin_store redis {\n\t\tpassword\n\t}\n}", 3, "password: expected a value"},
-		{"warden {\n\tpin_store local\n\tpin_store local\n}", 3, "pin_store declared twice"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled maybe\n\t\t}"), 5, `expected on, off, true or false, got "maybe"`},
-		// Load control.
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control maybe"), 4, `load_control: expected on or off, got "maybe"`},
+		{"warden {\n\tpin_store redis {\n\t\tkey_prefix a\n\t\tkey_prefix b\n\t}\n}", 4, "key_prefix given twice"},
+		{"warden {\n\tpin_store local\n\tpin_store local\n}", 3, "pin_store given twice"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled maybe\n\t\t}"), 5, `tls_enabled: expected on or off, got "maybe"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled true\n\t\t}"), 5, `tls_enabled: expected on or off, got "true"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled\n\t\t}"), 5, "tls_enabled: expected on or off"},
+		// Load control: a word, no block.
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control maybe"), 4, `load_control: expected off, on or farm, got "maybe"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control"), 4, "load_control: expected off, on or farm"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on off"), 4, `load_control: unexpected argument "off"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0\n\t\t}"), 5, `fill: expected a positive number such as 1.2, got "0"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill lots\n\t\t}"), 5, `fill: expected a positive number such as 1.2, got "lots"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tquantum 0\n\t\t}"), 5, `quantum: expected a number of turns, or off, got "0"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill\n\t\t}"), 5, "fill: expected a positive number such as 1.2"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tlinger 0s\n\t\t}"), 5, `linger: expected a positive duration such as 30s or 5m, got "0s"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_wait forever\n\t\t}"), 5, `max_wait: expected a positive duration such as 30s or 5m, got "forever"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 0\n\t\t}"), 5, `max_queue: expected a positive integer, got "0"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tcapacity_tokens -1\n\t\t}"), 5, `capacity_tokens: expected a number of tokens, or 0 to read it from /metrics, got "-1"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmax_queue 5 6\n\t\t}"), 5, `max_queue: unexpected argument "6"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tqueue 5\n\t\t}"), 5,
-			`unrecognized load_control option "queue"; expected fill, fill_range, linger, max_wait, max_queue, capacity_tokens, quantum, stagger, min_residents or touch`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.9\n\t\t}"), 5, `fill_range: expected two shares such as 0.92 0.98, lower first, or off, got "0.9"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.9 lots\n\t\t}"), 5, `fill_range: expected two shares such as 0.92 0.98, lower first, or off, got "0.9 lots"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.98 0.92\n\t\t}"), 5, `fill_range: expected two shares such as 0.92 0.98, lower first, or off, got "0.98 0.92"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.97 0.99\n\t\t}"), 5, "fill_range: 0.97 0.99 must hold fill (0.95)"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill_range 0.5 0.9\n\t\t\tfill 0.95\n\t\t}"), 5, "fill_range: 0.5 0.9 must hold fill (0.95)"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\ttouch maybe\n\t\t}"), 5, `touch: expected on or off, got "maybe"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tstagger soon\n\t\t}"), 5, `stagger: expected a duration such as 30s, or off, got "soon"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tmin_residents 0\n\t\t}"), 5, `min_residents: expected a positive integer, got "0"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.9\n\t\t}"), 5,
+			"load_control takes no block: write load_control on, or load_control farm for the farm preset (what quantum off, stagger 15s, fill_range 0.92 0.98 and touch on set); its other settings are JSON fields, see docs/load-control.md"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tquantum off\n\t\t}"), 5, "load_control takes no block"},
 		// The option and model lines themselves.
 		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
 		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},
@@ -200,18 +198,12 @@ func TestParseModelValues(t *testing.T) {
 		return app.Models["m"]
 	}
 	m := parse(t, "replicas 127.0.0.1:1")
-	if m.Affinity == nil || !*m.Affinity || m.SpillThreshold != 0 || m.SessionFromBody != nil || m.Fingerprint != nil || m.ClientPinning {
+	if m.Affinity == nil || !*m.Affinity || m.SpillThreshold != 0 || m.MaxNumSeqs != 0 || m.Fingerprint != nil || m.LoadControl != nil {
 		t.Errorf("defaults: %+v", m)
 	}
-	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body"); m.SessionFromBody == nil || !*m.SessionFromBody {
-		t.Error("session_from_body alone is not on")
-	}
-	if m := parse(t, "replicas 127.0.0.1:1\n\t\tsession_from_body off"); m.SessionFromBody == nil || *m.SessionFromBody {
-		t.Error("session_from_body off is on")
-	}
-	m = parse(t, "replicas 127.0.0.1:1\n\t\tfingerprint off\n\t\tsubagents off\n\t\tcompaction on")
-	if m.Fingerprint == nil || *m.Fingerprint || m.Subagents == nil || *m.Subagents || m.Compaction == nil || !*m.Compaction {
-		t.Errorf("fingerprint off, subagents off, compaction on: %v %v %v", m.Fingerprint, m.Subagents, m.Compaction)
+	m = parse(t, "replicas 127.0.0.1:1\n\t\tfingerprint off\n\t\taffinity off\n\t\tspill_threshold 4")
+	if m.Fingerprint == nil || *m.Fingerprint || m.Affinity == nil || *m.Affinity || m.SpillThreshold != 4 {
+		t.Errorf("fingerprint off, affinity off, spill_threshold 4: %v %v %d", m.Fingerprint, m.Affinity, m.SpillThreshold)
 	}
 	// max_num_seqs given in the block wins over the command line's.
 	m = parse(t, "max_num_seqs 8\n\t\treplica {\n\t\t\tprocess vllm serve m --port 7001 --max-num-seqs 64\n\t\t}")
@@ -235,7 +227,7 @@ func TestParseModelValues(t *testing.T) {
 	}
 }
 
-// load_control alone, on, off and a block, as the routing core gets them.
+// load_control on, off and farm, as the routing core gets them.
 func TestParseLoadControl(t *testing.T) {
 	parse := func(t *testing.T, lines string) *LoadControlConfig {
 		t.Helper()
@@ -253,17 +245,10 @@ func TestParseLoadControl(t *testing.T) {
 		lines string
 		want  selection.AdmissionConfig
 	}{
-		{"load_control", selection.AdmissionConfig{Enabled: true}},
 		{"load_control on", selection.AdmissionConfig{Enabled: true}},
 		{"load_control off", selection.AdmissionConfig{}},
-		{"load_control {\n\t\t\tfill 0.9\n\t\t\tlinger 10s\n\t\t\tmax_wait 1m\n\t\t\tmax_queue 16\n\t\t\tcapacity_tokens 40000\n\t\t}",
-			selection.AdmissionConfig{Enabled: true, Fill: 0.9, Linger: 10 * time.Second, MaxWait: time.Minute, MaxQueue: 16, CapacityTokens: 40000}},
-		{"load_control off {\n\t\t\tmax_queue 16\n\t\t}", selection.AdmissionConfig{MaxQueue: 16}},
-		{"load_control {\n\t\t\tfill 1\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tmin_residents 3\n\t\t}",
-			selection.AdmissionConfig{Enabled: true, Fill: 1, Quantum: -1, Stagger: 15 * time.Second, MinResidents: 3}},
-		{"load_control {\n\t\t\tstagger off\n\t\t\tfill_range off\n\t\t\ttouch off\n\t\t}", selection.AdmissionConfig{Enabled: true}},
-		{"load_control {\n\t\t\tquantum off\n\t\t\tstagger 15s\n\t\t\tfill_range 0.92 0.98\n\t\t\ttouch on\n\t\t}",
-			selection.AdmissionConfig{Enabled: true, Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true}},
+		// The farm preset: the lines that set it before it had a name.
+		{"load_control farm", selection.AdmissionConfig{Enabled: true, Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true}},
 	} {
 		if got := parse(t, c.lines).admission(); got != c.want {
 			t.Errorf("%q: %+v, want %+v", c.lines, got, c.want)
@@ -294,11 +279,54 @@ func TestLoadControlValidate(t *testing.T) {
 		{LoadControlConfig{FillMax: 0.98}, "fill_min and fill_max go together"},
 		{LoadControlConfig{Fill: 1, FillMin: 0.92, FillMax: 0.98}, "with fill (1) between them"},
 		{LoadControlConfig{FillMin: 0.92, FillMax: math.Inf(1)}, "fill_min and fill_max go together"},
+		{LoadControlConfig{Enabled: true, Preset: "farm"}, ""},
+		{LoadControlConfig{Preset: "ranch"}, `preset must be "farm" or empty, got "ranch"`},
+		// The preset's range must still hold a fill set over it.
+		{LoadControlConfig{Preset: "farm", Fill: 0.99}, "with fill (0.99) between them, got 0.92 and 0.98"},
+		{LoadControlConfig{Preset: "farm", Fill: 0.99, FillMin: 0.9, FillMax: 1}, ""},
 	} {
 		m := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}, LoadControl: &c.lc}
 		err := m.validate("m")
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%+v: error %v, want %q", c.lc, err, c.want)
+		}
+	}
+}
+
+// JSON fields set over the farm preset override it; those left at 0 keep
+// the preset's.
+func TestLoadControlPresetOverrides(t *testing.T) {
+	lc := LoadControlConfig{Enabled: true, Preset: "farm", Quantum: 4, Linger: caddy.Duration(time.Second), MaxQueue: 8}
+	want := selection.AdmissionConfig{Enabled: true, Quantum: 4, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true,
+		Linger: time.Second, MaxQueue: 8}
+	if got := lc.admission(); got != want {
+		t.Errorf("farm with quantum 4, linger 1s, max_queue 8: %+v, want %+v", got, want)
+	}
+}
+
+// max_num_seqs in force and where it came from: the config's, else the
+// smallest --max-num-seqs of the launched processes, else vLLM's default.
+func TestMaxNumSeqsSource(t *testing.T) {
+	process := func(port string, flags ...string) ReplicaConfig {
+		return ReplicaConfig{Process: &ProcessConfig{Command: append([]string{"vllm", "serve", "m", "--port", port}, flags...)}}
+	}
+	for _, c := range []struct {
+		name   string
+		cfg    ModelConfig
+		n      int
+		source string
+	}{
+		{"set", ModelConfig{MaxNumSeqs: 48, Replicas: []ReplicaConfig{process("1", "--max-num-seqs", "64")}}, 48, "config"},
+		{"from the command lines", ModelConfig{Replicas: []ReplicaConfig{process("1", "--max-num-seqs", "64"), process("2", "--max_num_seqs=32"), process("3")}}, 32, "process"},
+		{"from a server's command line", ModelConfig{Server: &ServerConfig{Process: &ProcessConfig{Command: []string{"vllm", "serve", "m", "--port", "1", "--data-parallel-size", "2", "--max-num-seqs", "128"}}}}, 128, "process"},
+		{"launched without the flag", ModelConfig{Replicas: []ReplicaConfig{process("1")}}, 256, "vllm_default"},
+		{"not launched", ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}}, 256, "vllm_default"},
+	} {
+		if err := c.cfg.provision("m"); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if c.cfg.maxNumSeqs != c.n || c.cfg.maxNumSeqsSource != c.source || c.cfg.fleetSpec(nil).Routing.MaxNumSeqs != c.n {
+			t.Errorf("%s: max_num_seqs %d from %s (routing %d), want %d from %s", c.name, c.cfg.maxNumSeqs, c.cfg.maxNumSeqsSource, c.cfg.fleetSpec(nil).Routing.MaxNumSeqs, c.n, c.source)
 		}
 	}
 }

@@ -25,7 +25,9 @@ type ModelConfig struct {
 	// Server is one vLLM server running --data-parallel-size Ranks engines.
 	Server *ServerConfig `json:"server,omitempty"`
 
-	// MaxNumSeqs is vLLM's --max-num-seqs per replica (default 32).
+	// MaxNumSeqs is vLLM's --max-num-seqs per replica; 0 reads it from the
+	// command line of the processes the app launches, else takes what vLLM
+	// runs without the flag (vllmDefaultMaxNumSeqs).
 	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
 	// SpillThreshold: in-flight requests above which a pinned replica sheds
 	// a request. 0 means auto: max_num_seqs/4. Always written, so that
@@ -88,8 +90,28 @@ type ModelConfig struct {
 	// not fit in a replica's KV cache (off by default).
 	LoadControl *LoadControlConfig `json:"load_control,omitempty"`
 
-	rules *sessionkey.Rules // made by provision
+	// Made by provision: the session header rules, and the max_num_seqs in
+	// force with where it came from.
+	rules            *sessionkey.Rules
+	maxNumSeqs       int
+	maxNumSeqsSource string
 }
+
+// Where a model's max_num_seqs came from (max_num_seqs_source in the admin
+// JSON).
+const (
+	MaxNumSeqsFromConfig  = "config"
+	MaxNumSeqsFromProcess = "process"
+	MaxNumSeqsVLLMDefault = "vllm_default"
+)
+
+// vllmDefaultMaxNumSeqs is what `vllm serve` runs without --max-num-seqs
+// on a GPU of less than 70 GiB, or an A100 (vLLM's engine arguments,
+// get_batch_defaults, for the OpenAI API server); on larger GPUs (H100,
+// H200, B200, MI300X) it runs 1024, which max_num_seqs should then say.
+// Taking the smaller one when unsure errs towards spilling a request early
+// rather than queueing it past the engine's limit.
+const vllmDefaultMaxNumSeqs = 256
 
 // ReplicaConfig is one vLLM server serving one replica.
 type ReplicaConfig struct {
@@ -149,10 +171,13 @@ type ProcessConfig struct {
 // at the end of the head: see README, "How a conversation is keyed".
 const defaultBodyScanBytes = 256 << 10
 
-// provision fills what process command lines say: the address from
-// --port, ranks from --data-parallel-size, max_num_seqs from --max-num-seqs.
+// provision fills what process command lines say (the address from
+// --port, ranks from --data-parallel-size) and resolves max_num_seqs.
 func (c *ModelConfig) provision(name string) error {
 	if err := c.fromProcesses(); err != nil {
+		return fmt.Errorf("model %q: %v", name, err)
+	}
+	if err := c.resolveMaxNumSeqs(); err != nil {
 		return fmt.Errorf("model %q: %v", name, err)
 	}
 	c.rules = c.newRules()
@@ -270,7 +295,7 @@ func offsetPort(endpoint string, n int) string {
 func (c *ModelConfig) fleetSpec(shared selection.SharedPins) fleet.Spec {
 	return fleet.Spec{
 		Routing: selection.Config{
-			MaxNumSeqs:         c.MaxNumSeqs,
+			MaxNumSeqs:         c.maxNumSeqs,
 			SpillThreshold:     c.SpillThreshold,
 			Affinity:           c.Affinity == nil || *c.Affinity,
 			SessionTTL:         time.Duration(c.SessionTTL),

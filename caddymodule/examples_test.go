@@ -1,11 +1,16 @@
 package caddymodule_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
 func TestListModules(t *testing.T) {
@@ -52,17 +57,17 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"server 127.0.0.1:1 ranks x", `ranks: expected an integer from 1 to 256, got "x"`},
 		{"server 127.0.0.1:1", "expected: server <host:port> ranks <n>"},
 		{"replicas localhost", "want host:port"},
-		{"replicas 127.0.0.1:1\n\t\tsession_ttl soon", "session_ttl: expected a positive duration"},
+		{"replicas 127.0.0.1:1\n\t\tsession_ttl 1h", `session_ttl is no longer a Caddyfile option: set "session_ttl" in the model's JSON`},
 		{"replicas 127.0.0.1:1\n\t\tbogus 1", `unrecognized model option "bogus"`},
 		{"max_num_seqs 32", "needs replicas or a server"},
 		{"replicas 127.0.0.1:1\n\t\trule seed", "rule was removed"},
-		{"replicas 127.0.0.1:1\n\t\tmax_sessions 10", "max_sessions must be at least 64"},
 		{"replica {\n\t\t\tprocess\n\t\t}", "process: expected a command"},
 		{"replica {\n\t\t\tenv ONLY_NAME\n\t\t}", "env: expected a name and a value"},
 		{"replica {\n\t\t\tprocess vllm serve m\n\t\t}", "give the replica an address or the command a --port"},
 		{"replica 127.0.0.1:1 {\n\t\t\tdir /tmp\n\t\t}", "the block needs a process line"},
 		{"replica {\n\t\t\tprocess vllm serve m --port x\n\t\t}", "--port"},
-		{"replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill none\n\t\t}", `fill: expected a positive number such as 1.2, got "none"`},
+		{"replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.9\n\t\t}", "load_control takes no block: write load_control on, or load_control farm"},
+		{"replicas 127.0.0.1:1\n\t\tload_control yes", `load_control: expected off, on or farm, got "yes"`},
 	}
 	for _, c := range cases {
 		caddyfile := "{\n\twarden {\n\t\tmodel m {\n\t\t" + c.block + "\n\t\t}\n\t}\n}\n"
@@ -109,5 +114,55 @@ func validate(t *testing.T, path string) {
 	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home, "XDG_CONFIG_HOME="+home)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("validate: %v\n%s", err, out)
+	}
+}
+
+// Load control and KV cache events read the replies through
+// warden_stop_reason: `caddy validate` and `caddy run` refuse a config
+// whose lb_policy warden routes such a model without the handler before
+// it, and say what to add.
+func TestRepliesReaderRequired(t *testing.T) {
+	const fix = "add the warden_stop_reason directive to the site, before reverse_proxy"
+	site := func(model, handlers string) string {
+		return "{\n\tadmin off\n\twarden {\n\t\t" + model + "\n\t}\n}\n\nhttp://127.0.0.1:" + strconv.Itoa(testnet.Port(t)) + " {\n" + handlers + "}\n"
+	}
+	const proxy = "\treverse_proxy {\n\t\tdynamic warden m\n\t\tlb_policy warden m\n\t}\n"
+	for _, c := range []struct {
+		name, caddyfile, want string
+	}{
+		{"load control without it", site("model m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tload_control on\n\t\t}", proxy),
+			`lb_policy warden m: model "m" has load_control on, which reads the replies: ` + fix},
+		{"the farm preset without it", site("model m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tload_control farm\n\t\t}", proxy), fix},
+		{"KV cache events without it", site("model m {\n\t\t\treplica 127.0.0.1:1 {\n\t\t\t\tkv_events tcp://127.0.0.1:5557\n\t\t\t}\n\t\t}", proxy),
+			`model "m" has kv_events, which reads the replies: ` + fix},
+		{"placed after reverse_proxy", site("model m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tload_control on\n\t\t}",
+			"\troute {\n\t"+strings.ReplaceAll(proxy, "\n\t", "\n\t\t")+"\t\twarden_stop_reason\n\t}\n"), fix},
+		{"load control with it", site("model m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tload_control farm\n\t\t}", "\twarden_stop_reason\n"+proxy), ""},
+		{"neither", site("model m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tload_control off\n\t\t}", proxy), ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "Caddyfile")
+			if err := os.WriteFile(path, []byte(c.caddyfile), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, verb := range []string{"validate", "run"} {
+				if verb == "run" && c.want == "" {
+					continue // it would run
+				}
+				home := t.TempDir()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				cmd := exec.CommandContext(ctx, caddyBin, verb, "--config", path, "--adapter", "caddyfile")
+				cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home, "XDG_CONFIG_HOME="+home)
+				out, err := cmd.CombinedOutput()
+				cancel()
+				msg := strings.ReplaceAll(string(out), `\"`, `"`)
+				switch {
+				case c.want == "" && err != nil:
+					t.Errorf("caddy %s: %v\n%s", verb, err, out)
+				case c.want != "" && (err == nil || !strings.Contains(msg, c.want)):
+					t.Errorf("caddy %s: error %v, output does not say %q:\n%s", verb, err, c.want, out)
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package caddymodule_test
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net"
@@ -60,6 +61,11 @@ const (
 	holdHeader   = "X-Test-Hold"
 	lingerHeader = "X-Test-Linger"
 )
+
+// stopReasonHeader sets the reply's stop_reason (end_turn without it): a
+// tool_use turn keeps its conversation resident for linger under load
+// control, as an agent's tool call does.
+const stopReasonHeader = "X-Test-Stop-Reason"
 
 // conversationHeader names the conversation for sessionsSeen, for clients
 // that send no X-Claude-Code-Session-Id; warden does not read it.
@@ -124,8 +130,9 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprint(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"ok\"}}\n\n")
-	fmt.Fprintf(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},"+
-		"\"usage\":{\"input_tokens\":%d,\"cache_read_input_tokens\":%d,\"output_tokens\":1}}\n\n", len(body)-cached, cached)
+	stop := cmp.Or(r.Header.Get(stopReasonHeader), "end_turn")
+	fmt.Fprintf(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":%q},"+
+		"\"usage\":{\"input_tokens\":%d,\"cache_read_input_tokens\":%d,\"output_tokens\":1}}\n\n", stop, len(body)-cached, cached)
 	fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
 	if linger, _ := time.ParseDuration(r.Header.Get(lingerHeader)); linger > 0 {
 		flusher.Flush()

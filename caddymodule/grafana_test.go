@@ -126,7 +126,7 @@ func TestExportedMetrics(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
 	// Load control on, with room for every conversation: its series are
 	// exported too, and no turn is held.
-	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1000000\n\t\t\t}", backends...)
+	f := startFleetWith(t, loadControlWith(map[string]any{"capacity_tokens": 1000000}), backends...)
 	convs := testrun.Sessions("metrics", 6)
 	for range 3 {
 		testrun.Concurrently(len(convs), func(i int) { f.turn(t, convs[i], holdHeader, "50ms") })

@@ -3,6 +3,7 @@ package caddymodule_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +23,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 // Hostile input through the real Caddy: oversized and malformed session
@@ -236,7 +240,7 @@ func TestSessionFloodStaysBounded(t *testing.T) {
 	for _, maxSessions := range []int{128, 100} {
 		t.Run(fmt.Sprintf("max_sessions %d", maxSessions), func(t *testing.T) {
 			a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
-			f, _ := startRecordedFleet(t, caddySetup{modelBlock: fmt.Sprintf("max_sessions %d", maxSessions)}, a, b)
+			f, _ := startRecordedFleet(t, caddySetup{fields: map[string]any{"max_sessions": maxSessions}}, a, b)
 			const flood = 1000
 			var next atomic.Int64
 			testrun.Concurrently(8, func(int) {
@@ -295,7 +299,7 @@ func TestMalformedBodiesPassIntact(t *testing.T) {
 	// rehomed (docs/policy.md#rehoming). Without the prefix-cache counters
 	// warden never judges a conversation cold.
 	a.fake.noPrefix, b.fake.noPrefix = true, true
-	f, _ := startRecordedFleet(t, caddySetup{modelBlock: "session_from_body"}, a, b)
+	f, _ := startRecordedFleet(t, caddySetup{}, a, b)
 	longSession := `{"metadata":{"user_id":"{\"session_id\":\"s-long\"}"},"messages":[{"role":"user","content":"` + strings.Repeat("x", 200<<10) + `"}]}`
 	bodies := map[string][]byte{
 		"truncated JSON":              []byte(`{"model":"m","metadata":{"user_id":"{\"session_id\":\"s-1`),
@@ -364,19 +368,20 @@ func firstDifference(a, b []byte) int {
 // read_body_idle timeout, whose reader answers EOF where the closed body
 // would fail, a body warden read whole must not be read again.
 func TestBodySessionSurvivesRetryAfterDialError(t *testing.T) {
-	for _, c := range []struct{ keyed, block string }{
-		{"header", "session_from_body"},
-		{"body", "session_from_body"},
-		{"header", "session_from_body\n\t\t\tload_control"},
-		{"body", "session_from_body\n\t\t\tload_control"},
+	for _, c := range []struct{ keyed, block, site string }{
+		{"header", "", ""},
+		{"body", "", ""},
+		{"header", "load_control on", "warden_stop_reason"},
+		{"body", "load_control on", "warden_stop_reason"},
 	} {
 		keyed := c.keyed
-		t.Run("session in the "+keyed+", "+strings.ReplaceAll(c.block, "\n\t\t\t", " "), func(t *testing.T) {
+		t.Run("session in the "+keyed+", "+cmp.Or(c.block, "load_control off"), func(t *testing.T) {
 			a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
 			f, _ := startRecordedFleet(t, caddySetup{
-				modelBlock:    c.block,
-				proxyOptions:  "lb_retries 2\n\t\tfail_duration 30s",
-				globalOptions: "servers {\n\t\ttimeouts {\n\t\t\tread_body_idle -1s\n\t\t}\n\t}",
+				modelBlock:     c.block,
+				siteDirectives: c.site,
+				proxyOptions:   "lb_retries 2\n\t\tfail_duration 30s",
+				globalOptions:  "servers {\n\t\ttimeouts {\n\t\t\tread_body_idle -1s\n\t\t}\n\t}",
 			}, a, b)
 			b.stopAccepting()
 			// A new conversation goes to the replica with fewer
@@ -477,16 +482,30 @@ func peakRSS(t *testing.T, pid int) int64 {
 
 // Raw session IDs appear in none of warden's outputs (admin JSON, /metrics,
 // its log lines), nor in Caddy's own log once the recommended log filter
-// hashes the session headers (examples/Caddyfile.retries). Caddy's
-// reverse_proxy and error logs print request headers: without the filter,
-// an aborted stream writes the session ID in clear.
+// hashes the headers warden reads IDs from (examples/Caddyfile.retries).
+// Caddy's reverse_proxy and error logs print request headers: without the
+// filter, an aborted stream writes the session ID in clear.
 func TestSessionIDsDoNotLeak(t *testing.T) {
 	const headerID, bodyID = "leak-check-header-5f0c8e3a", "leak-check-body-77d1b2c4"
+	filter := recommendedLogFilter(t)
+	// The filter hashes exactly the headers warden reads IDs from.
+	var hashed []string
+	for _, m := range regexp.MustCompile(`request>headers>(\S+) hash`).FindAllStringSubmatch(filter, -1) {
+		hashed = append(hashed, m[1])
+	}
+	if want := slices.Sorted(slices.Values(sessionkey.IDHeaders)); !slices.Equal(slices.Sorted(slices.Values(hashed)), want) {
+		t.Errorf("the example's log filter hashes %v, want sessionkey.IDHeaders %v", hashed, want)
+	}
+	// A request that carries every one of them, each with its own ID.
+	idHeaders := []string{holdHeader, "2s"}
+	for i, name := range sessionkey.IDHeaders {
+		idHeaders = append(idHeaders, name, fmt.Sprintf("leak-check-%d-%s", i, strings.ToLower(name)))
+	}
 	for _, filtered := range []bool{true, false} {
 		t.Run(map[bool]string{true: "recommended log filter", false: "no log filter"}[filtered], func(t *testing.T) {
-			setup := caddySetup{modelBlock: "session_from_body"}
+			setup := caddySetup{}
 			if filtered {
-				setup.globalOptions = recommendedLogFilter(t)
+				setup.globalOptions = filter
 			}
 			a, b := startRecordingBackend(t, "a"), startRecordingBackend(t, "b")
 			f, log := startRecordedFleet(t, setup, a, b)
@@ -495,6 +514,12 @@ func TestSessionIDsDoNotLeak(t *testing.T) {
 			// An aborted stream makes reverse_proxy log the request with its headers.
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			if resp, err := f.send(ctx, headerID, holdHeader, "2s"); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			cancel()
+			ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+			if resp, err := f.send(ctx, "", idHeaders...); err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
@@ -517,15 +542,21 @@ func TestSessionIDsDoNotLeak(t *testing.T) {
 			if !strings.Contains(caddyLog, "aborting with incomplete response") {
 				t.Fatal("the aborted stream was not logged: the check proves nothing")
 			}
-			if !filtered {
-				if !strings.Contains(caddyLog, headerID) {
-					t.Error("without the filter Caddy's log no longer shows the session header: the filter may be unnecessary")
-				}
-				caddyLog = strings.ReplaceAll(caddyLog, `"X-Claude-Code-Session-Id":["`+headerID+`"]`, "")
+			ids := []string{headerID, bodyID}
+			for i := 3; i < len(idHeaders); i += 2 {
+				ids = append(ids, idHeaders[i])
 			}
-			outputs["Caddy's log"] = caddyLog
+			if !filtered {
+				for i := 2; i < len(idHeaders); i += 2 {
+					if !strings.Contains(caddyLog, idHeaders[i+1]) {
+						t.Errorf("without the filter Caddy's log does not show %s: the check proves nothing for it", idHeaders[i])
+					}
+				}
+			} else {
+				outputs["Caddy's log"] = caddyLog
+			}
 			for where, text := range outputs {
-				for _, id := range []string{headerID, bodyID} {
+				for _, id := range ids {
 					if strings.Contains(text, id) {
 						t.Errorf("%s holds the raw session ID %s", where, id)
 					}
@@ -558,10 +589,10 @@ func TestCaddyfileErrorsNameTheLine(t *testing.T) {
 		line      int
 		want      string
 	}{
-		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tmax_sessions -5\n\t\t}\n\t}\n}\n", 5, `max_sessions: expected a positive integer, got "-5"`},
-		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\n\t\t\tmetrics_interval 0s\n\t\t}\n\t}\n}\n", 6, `metrics_interval: expected a positive duration such as 30s or 5m, got "0s"`},
-		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tclient_pinning yes\n\t\t}\n\t}\n}\n", 5, `client_pinning: expected on or off, got "yes"`},
-		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tbody_scan_bytes 64k\n\t\t}\n\t}\n}\n", 5, `body_scan_bytes: expected a positive integer, got "64k"`},
+		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tmax_num_seqs -5\n\t\t}\n\t}\n}\n", 5, `max_num_seqs: expected a positive integer, got "-5"`},
+		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\n\t\t\tmetrics_interval 0s\n\t\t}\n\t}\n}\n", 6, `metrics_interval is no longer a Caddyfile option: set "metrics_interval" in the model's JSON`},
+		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\taffinity yes\n\t\t}\n\t}\n}\n", 5, `affinity: expected on or off, got "yes"`},
+		{"{\n\twarden {\n\t\tmodel m {\n\t\t\treplicas 127.0.0.1:1\n\t\t\tspill_threshold 4k\n\t\t}\n\t}\n}\n", 5, `spill_threshold: expected auto or a positive integer, got "4k"`},
 		{"{\n\twarden {\n\t\tnot_a_model\n\t}\n}\n", 3, `unrecognized warden option "not_a_model"; expected model`},
 		{"{\n\twarden\n}\n:8080 {\n\treverse_proxy 127.0.0.1:1 {\n\t\tlb_policy warden\n\t}\n}\n", 6, "expected: lb_policy warden <model>"},
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -53,6 +54,14 @@ func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 	return startFleetIn(t, "", modelBlock, backends...)
 }
 
+// startFleetWith is startFleet with a whole setup.
+func startFleetWith(t *testing.T, setup caddySetup, backends ...*fakeVLLM) *fleet {
+	t.Helper()
+	f, _ := runCaddy(t, setup, addresses(backends)...)
+	f.backends = backends
+	return f
+}
+
 // startFleetIn is startFleet with Caddy's data directory under dataDir,
 // kept for the next Caddy ("" is a temporary one).
 func startFleetIn(t *testing.T, dataDir, modelBlock string, backends ...*fakeVLLM) *fleet {
@@ -77,6 +86,9 @@ type caddySetup struct {
 	// dataDir is Caddy's data directory, kept for the next Caddy; "" is a
 	// temporary one.
 	dataDir string
+	// fields are model m's JSON fields a Caddyfile does not offer
+	// (caddyproc.Adapt), over metrics_interval 100ms.
+	fields map[string]any
 }
 
 // runCaddy starts Caddy in front of the servers at addrs, waits until every
@@ -99,7 +111,6 @@ func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *syncBuf
 	warden {
 		model m {
 			%s
-			metrics_interval 100ms
 		}
 	}
 }
@@ -112,8 +123,14 @@ http://%s {
 	}
 }
 `, admin, setup.globalOptions, block, site, setup.siteDirectives, upstreams, setup.proxyOptions)
+	fields := map[string]any{"metrics_interval": "100ms"}
+	maps.Copy(fields, setup.fields)
+	config, err := caddyproc.Adapt(caddyBin, caddyfile, map[string]map[string]any{"m": fields})
+	if err != nil {
+		t.Fatal(err)
+	}
 	log := &syncBuffer{}
-	p, err := caddyproc.StartIn(setup.dataDir, caddyBin, caddyfile, admin, log)
+	p, err := caddyproc.StartIn(setup.dataDir, caddyBin, config, admin, log)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}

@@ -68,7 +68,10 @@ func kvEventsOf(t *testing.T, f *fleet, addr string) *caddymodule.KVEventsStatus
 func TestKVEventsFollowedAcrossReloads(t *testing.T) {
 	a, b := startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)
 	pub, other := startKVPublisher(t), startKVPublisher(t)
-	f := startFleet(t, fmt.Sprintf("replica %s {\n\t\t\t\tkv_events %s kv-events\n\t\t\t}\n\t\t\treplica %s", a.addr, pub.endpoint, b.addr), a, b)
+	f := startFleetWith(t, caddySetup{
+		modelBlock:     fmt.Sprintf("replica %s {\n\t\t\t\tkv_events %s kv-events\n\t\t\t}\n\t\t\treplica %s", a.addr, pub.endpoint, b.addr),
+		siteDirectives: "warden_stop_reason", // the events need the replies' usage
+	}, a, b)
 	// PUB drops batches until the subscription arrives.
 	testrun.Eventually(t, 10*time.Second, "a batch followed", func() bool {
 		pub.publish(t, pub.seq+1)

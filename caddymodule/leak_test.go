@@ -91,6 +91,7 @@ func holdForcedAndRefused(t *testing.T, site string) {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+site+"/v1/messages", strings.NewReader(`{"model":"m"}`))
 		req.Header.Set("X-Claude-Code-Session-Id", conv)
 		req.Header.Set(holdHeader, hold)
+		req.Header.Set(stopReasonHeader, "tool_use") // each stays resident after its turn
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Errorf("%s: %v", conv, err)
@@ -145,7 +146,7 @@ func inProcessConfig(site string, backends []*fakeVLLM, spill int, redisAddr str
 		"warden": {"models": {"m": {"replicas": [%s], "spill_threshold": %d, "metrics_interval": "50ms"%s}}},
 		"http": {"servers": {"s": {
 			"listen": [%q],
-			"routes": [{"handle": [{
+			"routes": [{"handle": [{"handler": "warden_stop_reason"}, {
 				"handler": "reverse_proxy",
 				"upstreams": [%s],
 				"load_balancing": {"selection_policy": {"policy": "warden", "model": "m"}}

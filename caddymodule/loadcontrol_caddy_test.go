@@ -19,11 +19,30 @@ import (
 // load control counts as 1 token, with min_residents 1: a replica with
 // nothing resident takes any one conversation, so while conversation
 // "resident" runs or lingers, a turn of any other conversation must wait.
+// Every turn here ends in a tool call, as an agent's do, so that its
+// conversation stays resident for its linger.
 
-// loadControlBlock is the model block of these tests with the given
-// load_control options.
-func loadControlBlock(options string) string {
-	return "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1\n\t\t\t\tfill 1\n\t\t\t\tmin_residents 1\n\t\t\t\t" + options + "\n\t\t\t}"
+// loadControlSetup is the Caddy of these tests: load control on, with
+// warden_stop_reason in the site, and the given load_control JSON fields
+// over capacity_tokens 1, fill 1 and min_residents 1.
+func loadControlSetup(fields map[string]any) caddySetup {
+	lc := map[string]any{"capacity_tokens": 1, "fill": 1, "min_residents": 1}
+	maps.Copy(lc, fields)
+	return loadControlWith(lc)
+}
+
+// loadControlWith is load control on with exactly these load_control JSON
+// fields.
+func loadControlWith(fields map[string]any) caddySetup {
+	setup := caddySetup{
+		modelBlock:     "replicas {replicas}\n\t\t\tload_control on",
+		siteDirectives: "warden_stop_reason",
+		fields:         map[string]any{},
+	}
+	for name, v := range fields {
+		setup.fields["load_control."+name] = v
+	}
+	return setup
 }
 
 // holdTurn keeps a turn of conv in flight (its conversation resident) until
@@ -31,7 +50,7 @@ func loadControlBlock(options string) string {
 func holdTurn(t *testing.T, f *fleet, conv string) (end func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	resp, err := f.send(ctx, conv, holdHeader, "1m")
+	resp, err := f.send(ctx, conv, holdHeader, "1m", stopReasonHeader, "tool_use")
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -59,7 +78,7 @@ type answer struct {
 // sendTurn sends a turn of conv and reads the answer to its end.
 func sendTurn(ctx context.Context, f *fleet, conv string) answer {
 	start := time.Now()
-	resp, err := f.send(ctx, conv)
+	resp, err := f.send(ctx, conv, stopReasonHeader, "tool_use")
 	if err != nil {
 		return answer{err: err, took: time.Since(start)}
 	}
@@ -105,10 +124,9 @@ func heldGoroutines(t *testing.T, f *fleet) int {
 
 func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f, _ := runCaddy(t, caddySetup{
-		modelBlock:   loadControlBlock("linger 1s\n\t\t\t\tmax_wait 1m\n\t\t\t\tmax_queue 5"),
-		proxyOptions: "lb_retries 2", // a turn turned away must stay so on Caddy's retries
-	}, backend.addr)
+	setup := loadControlSetup(map[string]any{"linger": "1s", "max_wait": "1m", "max_queue": 5})
+	setup.proxyOptions = "lb_retries 2" // a turn turned away must stay so on Caddy's retries
+	f, _ := runCaddy(t, setup, backend.addr)
 	endResident := holdTurn(t, f, "resident")
 	before := f.status(t)
 	if kv := before.Replicas[0].KVCapacityTokens; kv == nil || *kv != 1 {
@@ -236,11 +254,11 @@ func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
 	})
 }
 
-// With the farm preset's touch and fill_range too, which the admin JSON
+// With the farm preset's touch and a fill range too, which the admin JSON
 // shows.
 func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, loadControlBlock("max_wait 300ms\n\t\t\t\tfill_range 0.5 1\n\t\t\t\ttouch on"), backend)
+	f := startFleetWith(t, loadControlSetup(map[string]any{"max_wait": "300ms", "fill_min": 0.5, "fill_max": 1, "touch": true}), backend)
 	st := f.status(t)
 	if lc := st.LoadControl; !lc.Touch || lc.FillMin != 0.5 || lc.FillMax != 1 || st.Replicas[0].Fill != 1 {
 		t.Fatalf("load_control touch %v, fill_min %v, fill_max %v, the replica's fill %v; want on, 0.5, 1 and fill (1) until a reply reports its cached part",
@@ -264,7 +282,7 @@ func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
 // resident is then sent at once.
 func TestLoadControlStepsAsideForLateConversations(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, loadControlBlock("linger 100ms\n\t\t\t\tmax_wait 3s"), backend)
+	f := startFleetWith(t, loadControlSetup(map[string]any{"linger": "100ms", "max_wait": "3s"}), backend)
 	for i := 0; !f.status(t).LoadControl.SteppedAside; i++ {
 		if i == 20 {
 			t.Fatalf("not stepped aside after 20 turns back after their linger: %+v", f.status(t).LoadControl)
@@ -290,7 +308,9 @@ func TestLoadControlStepsAsideForLateConversations(t *testing.T) {
 // capacity shown is the replica's own (cache_config_info).
 func TestLoadControlOffHoldsNothing(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control off {\n\t\t\t\tcapacity_tokens 1\n\t\t\t}", backend)
+	off := loadControlSetup(nil)
+	off.modelBlock = "replicas {replicas}\n\t\t\tload_control off"
+	f := startFleetWith(t, off, backend)
 	holdTurn(t, f, "resident")
 	for _, conv := range testrun.Sessions("free", 3) {
 		if a := sendTurn(context.Background(), f, conv); a.err != nil || a.status != http.StatusOK || a.took > 2*time.Second {
@@ -315,7 +335,7 @@ func TestLoadControlOffHoldsNothing(t *testing.T) {
 func TestLoadControlStaggersNewConversations(t *testing.T) {
 	const stagger = 2 * time.Second
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleet(t, "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tcapacity_tokens 1000000\n\t\t\t\tlinger 1m\n\t\t\t\tstagger 2s\n\t\t\t}", backend)
+	f := startFleetWith(t, loadControlWith(map[string]any{"capacity_tokens": 1000000, "linger": "1m", "stagger": "2s"}), backend)
 	if st := f.status(t).LoadControl; st.StaggerSeconds != 2 {
 		t.Fatalf("stagger_s %v, want 2", st.StaggerSeconds)
 	}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -24,6 +22,10 @@ type LoadControlConfig struct {
 	// Enabled turns load control on. Always written, so that
 	// `PATCH /config/apps/warden/models/<m>/load_control/enabled` finds it.
 	Enabled bool `json:"enabled"`
+	// Preset "farm" (`load_control farm`) starts from the farm preset
+	// (farmAdmission) instead of the defaults; the fields below, when set,
+	// override either.
+	Preset string `json:"preset,omitempty"`
 	// Fill is the share of each replica's KV capacity that resident
 	// conversations' prompts may hold, the prefix they share counted once
 	// (default 0.95; prompts are estimated from their size until the
@@ -43,12 +45,12 @@ type LoadControlConfig struct {
 	CapacityTokens int `json:"capacity_tokens,omitempty"`
 	// Quantum is how many turns a resident conversation keeps its place
 	// while others wait; it then yields at the end of its turn instead of
-	// lingering (default 3; -1 never yields).
+	// lingering (default 3; -1 never yields; the farm preset: -1).
 	Quantum int `json:"quantum,omitempty"`
 	// Stagger is how long a replica filling from empty waits between two
 	// new conversations, until one of its residents leaves, so that agents
 	// launched together do not grow together past its cache (default 0:
-	// off).
+	// off; the farm preset: 15s).
 	Stagger caddy.Duration `json:"stagger,omitempty"`
 	// MinResidents is how many conversations a replica takes however large
 	// they are (default 2: holding one, a replica idles through its tool
@@ -60,7 +62,8 @@ type LoadControlConfig struct {
 	// --enable-prompt-tokens-details): from FillMax, lower by 0.02 after
 	// each 4 resident turns that found under 85% cached, down to FillMin,
 	// and higher by 0.02 after each 4 that found 92%, up to FillMax; Fill
-	// until a reply reports its cached part (default: off, Fill throughout).
+	// until a reply reports its cached part (default: off, Fill throughout;
+	// the farm preset: 0.92 and 0.98).
 	FillMin float64 `json:"fill_min,omitempty"`
 	FillMax float64 `json:"fill_max,omitempty"`
 	// Touch: after a resident conversation leaves a replica, the replica
@@ -68,42 +71,81 @@ type LoadControlConfig struct {
 	// before has begun a turn again (at most a linger), unless the
 	// departed's cache, the residents' and the newcomer's fit together.
 	// vLLM evicts the blocks freed longest ago first: those of the idle
-	// resident due back soonest, not the departed's (default off).
+	// resident due back soonest, not the departed's (default off; the farm
+	// preset: on).
 	Touch bool `json:"touch,omitempty"`
 }
 
-// admission is the routing core's form of c; nil is off.
-func (c *LoadControlConfig) admission() selection.AdmissionConfig {
-	if c == nil {
-		return selection.AdmissionConfig{}
-	}
-	return selection.AdmissionConfig{
-		Enabled:        c.Enabled,
-		CapacityTokens: c.CapacityTokens,
-		Fill:           c.Fill,
-		Linger:         time.Duration(c.Linger),
-		MaxWait:        time.Duration(c.MaxWait),
-		MaxQueue:       c.MaxQueue,
-		Quantum:        c.Quantum,
-		Stagger:        time.Duration(c.Stagger),
-		MinResidents:   c.MinResidents,
-		FillMin:        c.FillMin,
-		FillMax:        c.FillMax,
-		Touch:          c.Touch,
-	}
+// presetFarm names the farm preset: `load_control farm`.
+const presetFarm = "farm"
+
+// farmAdmission is the farm preset, the best setting measured for headless
+// agent farms (docs/load-control.md): a conversation stays resident for its
+// whole task (quantum off), a replica filling from empty starts its
+// conversations 15 s apart (stagger), a replica a resident left waits for
+// its idle residents before it takes a newcomer (touch), and each replica's
+// fill follows how much of its residents' prompts the replies found cached,
+// between 0.92 and 0.98 around the default 0.95. It is the lab's
+// warden-admission-farm.
+var farmAdmission = selection.AdmissionConfig{
+	Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true,
 }
 
-// validate checks the JSON form, where 0 stands for the default.
+// admission is the routing core's form of c, the preset's values under the
+// fields set; nil is off.
+func (c *LoadControlConfig) admission() selection.AdmissionConfig {
+	var a selection.AdmissionConfig
+	if c == nil {
+		return a
+	}
+	if c.Preset == presetFarm {
+		a = farmAdmission
+	}
+	a.Enabled = c.Enabled
+	set := func(dst *float64, v float64) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setInt := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setDuration := func(dst *time.Duration, v caddy.Duration) {
+		if v != 0 {
+			*dst = time.Duration(v)
+		}
+	}
+	set(&a.Fill, c.Fill)
+	setDuration(&a.Linger, c.Linger)
+	setDuration(&a.MaxWait, c.MaxWait)
+	setInt(&a.MaxQueue, c.MaxQueue)
+	setInt(&a.CapacityTokens, c.CapacityTokens)
+	setInt(&a.Quantum, c.Quantum)
+	setDuration(&a.Stagger, c.Stagger)
+	setInt(&a.MinResidents, c.MinResidents)
+	if c.FillMin != 0 || c.FillMax != 0 {
+		a.FillMin, a.FillMax = c.FillMin, c.FillMax
+	}
+	a.Touch = a.Touch || c.Touch
+	return a
+}
+
+// validate checks the JSON form, where 0 stands for the preset's value or
+// the default.
 func (c *LoadControlConfig) validate() error {
 	switch {
 	case c == nil:
 		return nil
+	case c.Preset != "" && c.Preset != presetFarm:
+		return fmt.Errorf("load_control: preset must be %q or empty, got %q", presetFarm, c.Preset)
 	case c.Fill < 0 || math.IsNaN(c.Fill) || math.IsInf(c.Fill, 0):
 		return fmt.Errorf("load_control: fill must be a positive number (0 for the default, %g)", selection.DefaultAdmissionFill)
 	case c.Linger < 0, c.MaxWait < 0:
 		return errors.New("load_control: linger and max_wait must be positive durations (0 for the defaults)")
 	case c.Stagger < 0:
-		return errors.New("load_control: stagger must not be negative (0 is off)")
+		return errors.New("load_control: stagger must not be negative (0 is the default)")
 	case c.MaxQueue < 0:
 		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
 	case c.MinResidents < 0:
@@ -113,133 +155,42 @@ func (c *LoadControlConfig) validate() error {
 	case c.Quantum < -1:
 		return fmt.Errorf("load_control: quantum must be a number of turns, 0 for the default (%d) or -1 for never", selection.DefaultAdmissionQuantum)
 	}
-	return c.validateFillRange()
+	return validateFillRange(c.admission())
 }
 
-// fill is the fill in force, the default for 0.
-func (c *LoadControlConfig) fill() float64 {
-	if c.Fill == 0 {
-		return selection.DefaultAdmissionFill
-	}
-	return c.Fill
-}
-
-// validateFillRange checks fill_min and fill_max: neither, or both with
-// fill between them.
-func (c *LoadControlConfig) validateFillRange() error {
-	if c.FillMin == 0 && c.FillMax == 0 {
+// validateFillRange checks fill_min and fill_max in force: neither, or both
+// with the fill between them.
+func validateFillRange(a selection.AdmissionConfig) error {
+	if a.FillMin == 0 && a.FillMax == 0 {
 		return nil
 	}
-	fill := c.fill()
-	if !(c.FillMin > 0 && c.FillMin <= fill && fill <= c.FillMax) || math.IsInf(c.FillMax, 0) {
-		return fmt.Errorf("load_control: fill_min and fill_max go together, with fill (%g) between them, got %g and %g", fill, c.FillMin, c.FillMax)
+	fill := a.Fill
+	if fill == 0 {
+		fill = selection.DefaultAdmissionFill
+	}
+	if !(a.FillMin > 0 && a.FillMin <= fill && fill <= a.FillMax) || math.IsInf(a.FillMax, 0) {
+		return fmt.Errorf("load_control: fill_min and fill_max go together, with fill (%g) between them, got %g and %g", fill, a.FillMin, a.FillMax)
 	}
 	return nil
 }
 
-// parseLoadControl reads `load_control [on|off] [{ ... }]`; a block alone
-// turns it on.
+// parseLoadControl reads `load_control off|on|farm`.
 func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
-	c := &LoadControlConfig{Enabled: true}
-	if d.CountRemainingArgs() > 0 {
-		var err error
-		if c.Enabled, err = onOff(d); err != nil {
-			return nil, err
-		}
+	var word string
+	if d.NextArg() {
+		word = d.Val()
 	}
-	given := givenOnce{}
-	rangeLine := 0 // where fill_range was given: a fill outside it is told there
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if err := given.check(d, opt); err != nil {
-			return nil, err
-		}
-		var err error
-		switch opt {
-		case "fill":
-			c.Fill, err = positiveNumber(d)
-		case "linger":
-			c.Linger, err = duration(d)
-		case "max_wait":
-			c.MaxWait, err = duration(d)
-		case "max_queue":
-			c.MaxQueue, err = positiveInt(d)
-		case "min_residents":
-			c.MinResidents, err = positiveInt(d)
-		case "capacity_tokens":
-			c.CapacityTokens, err = capacityTokens(d)
-		case "quantum":
-			c.Quantum, err = quantum(d)
-		case "stagger":
-			var v *caddy.Duration
-			if v, err = durationOrOff(d); v != nil {
-				c.Stagger = *v
-			}
-		case "fill_range":
-			c.FillMin, c.FillMax, err = fillRange(d)
-			rangeLine = d.Line()
-		case "touch":
-			c.Touch, err = onOff(d)
-		default:
-			return nil, d.Errf("unrecognized load_control option %q; expected fill, fill_range, linger, max_wait, max_queue, capacity_tokens, quantum, stagger, min_residents or touch", opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if d.NextArg() {
-			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
-		}
+	if d.NextBlock(d.Nesting()) {
+		return nil, d.Err("load_control takes no block: write load_control on, or load_control farm for the farm preset " +
+			"(what quantum off, stagger 15s, fill_range 0.92 0.98 and touch on set); its other settings are JSON fields, see docs/load-control.md")
 	}
-	if err := c.validateFillRange(); err != nil {
-		return nil, fmt.Errorf("fill_range: %g %g must hold fill (%g), at %s:%d", c.FillMin, c.FillMax, c.fill(), d.File(), rangeLine)
+	switch word {
+	case "off", "on":
+		return &LoadControlConfig{Enabled: word == "on"}, nil
+	case presetFarm:
+		return &LoadControlConfig{Enabled: true, Preset: presetFarm}, nil
+	case "":
+		return nil, d.Err("load_control: expected off, on or farm")
 	}
-	return c, nil
-}
-
-func positiveNumber(d *caddyfile.Dispenser) (float64, error) {
-	return argument(d, "a positive number such as 1.2", func(s string) (float64, bool) {
-		v, err := strconv.ParseFloat(s, 64)
-		return v, err == nil && v > 0 && !math.IsInf(v, 0)
-	})
-}
-
-// fillRange reads `fill_range <min> <max>`, or off (0, 0).
-func fillRange(d *caddyfile.Dispenser) (lo, hi float64, err error) {
-	args := d.RemainingArgs()
-	const expected = "fill_range: expected two shares such as 0.92 0.98, lower first, or off, got %q"
-	switch {
-	case len(args) == 1 && args[0] == "off":
-		return 0, 0, nil
-	case len(args) != 2:
-		return 0, 0, d.Errf(expected, strings.Join(args, " "))
-	}
-	share := func(s string) float64 {
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil || !(v > 0) || math.IsInf(v, 0) {
-			return -1
-		}
-		return v
-	}
-	if lo, hi = share(args[0]), share(args[1]); lo < 0 || hi < lo {
-		return 0, 0, d.Errf(expected, strings.Join(args, " "))
-	}
-	return lo, hi, nil
-}
-
-// quantum reads a number of turns, or off (-1: never yield).
-func quantum(d *caddyfile.Dispenser) (int, error) {
-	return argument(d, "a number of turns, or off", func(s string) (int, bool) {
-		if s == "off" {
-			return -1, true
-		}
-		n, err := strconv.Atoi(s)
-		return n, err == nil && n > 0
-	})
-}
-
-func capacityTokens(d *caddyfile.Dispenser) (int, error) {
-	return argument(d, "a number of tokens, or 0 to read it from /metrics", func(s string) (int, bool) {
-		n, err := strconv.Atoi(s)
-		return n, err == nil && n >= 0
-	})
+	return nil, d.Errf("load_control: expected off, on or farm, got %q", word)
 }

@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
@@ -129,40 +126,30 @@ func TestPinSnapshotKeyStaysUnderWarden(t *testing.T) {
 // JSON configs use too); left out, snapshots are on every 30 s.
 func TestPinSnapshotIntervalOption(t *testing.T) {
 	for _, tc := range []struct {
-		value string
+		field string
 		want  time.Duration
 		err   string
 	}{
 		{"", defaultPinSnapshotInterval, ""},
-		{"pin_snapshot_interval 5s", 5 * time.Second, ""},
-		{"pin_snapshot_interval off", 0, ""},
-		{"pin_snapshot_interval 0", 0, ""},
-		{"pin_snapshot_interval", 0, "pin_snapshot_interval: expected a duration such as 30s, or off"},
-		{"pin_snapshot_interval never", 0, `pin_snapshot_interval: expected a duration such as 30s, or off, got "never"`},
-		{"pin_snapshot_interval -1s", 0, `got "-1s"`},
-		{"pin_snapshot_interval 5s 10s", 0, `unexpected argument "10s"`},
+		{`, "pin_snapshot_interval": "5s"`, 5 * time.Second, ""},
+		{`, "pin_snapshot_interval": 0`, 0, ""},
+		{`, "pin_snapshot_interval": "-1s"`, 0, "pin_snapshot_interval must not be negative (0 turns snapshots off)"},
 	} {
-		var app App
-		opt, err := parseGlobalOption(caddyfile.NewTestDispenser("warden {\n\tmodel m {\n\t\treplicas 127.0.0.1:9\n\t\t"+tc.value+"\n\t}\n}"), nil)
+		var m ModelConfig
+		err := json.Unmarshal([]byte(`{"replicas": [{"address": "127.0.0.1:9"}]`+tc.field+`}`), &m)
 		if err == nil {
-			err = json.Unmarshal(opt.(httpcaddyfile.App).Value, &app) // as Caddy runs it: through JSON
+			err = m.validate("m")
 		}
 		switch {
 		case tc.err != "":
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("%q: error %v, want %q", tc.value, err, tc.err)
+				t.Errorf("%q: error %v, want %q", tc.field, err, tc.err)
 			}
 		case err != nil:
-			t.Errorf("%q: %v", tc.value, err)
-		case app.Models["m"].pinSnapshotInterval() != tc.want:
-			t.Errorf("%q: interval %v, want %v", tc.value, app.Models["m"].pinSnapshotInterval(), tc.want)
+			t.Errorf("%q: %v", tc.field, err)
+		case m.pinSnapshotInterval() != tc.want:
+			t.Errorf("%q: interval %v, want %v", tc.field, m.pinSnapshotInterval(), tc.want)
 		}
-	}
-	negative := caddy.Duration(-time.Second)
-	cfg := pinsConfig()
-	cfg.PinSnapshotInterval = &negative
-	if err := cfg.validate("m"); err == nil || !strings.Contains(err.Error(), "pin_snapshot_interval must not be negative") {
-		t.Errorf("a negative interval in JSON: %v", err)
 	}
 }
 

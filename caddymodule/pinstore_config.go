@@ -91,77 +91,61 @@ func parsePinStore(d *caddyfile.Dispenser) (*PinStoreConfig, error) {
 	}
 }
 
+// removedRedisOptions are the pin_store redis options a Caddyfile no
+// longer takes.
+var removedRedisOptions = map[string]string{
+	"sync_interval": redisField("sync_interval"),
+	"tls_insecure":  redisField("tls_insecure"),
+}
+
+func redisField(name string) string {
+	return fmt.Sprintf("%s is no longer a Caddyfile option: set %q in the pin store's JSON (pin_store.redis), see docs/shared-pins.md", name, name)
+}
+
 func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 	r := &RedisConfig{}
 	if d.NextArg() {
 		return nil, d.Errf("pin_store redis: unexpected argument %q; options go in its block", d.Val())
 	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		var err error
-		switch opt {
-		case "address":
-			// Placeholders are replaced, and checked, at load.
-			if err = oneArg(d, &r.Address); err == nil && !strings.Contains(r.Address, "{") {
-				err = checkAddress(d, r.Address)
+	text := func(into *string) option {
+		return option{parse: func(d *caddyfile.Dispenser) error {
+			if !d.Args(into) {
+				return d.Errf("%s: expected a value", d.Val())
 			}
-		case "username":
-			err = oneArg(d, &r.Username)
-		case "password":
-			err = oneArg(d, &r.Password)
-		case "key_prefix":
-			err = oneArg(d, &r.KeyPrefix)
-		case "db":
-			var s string
-			if err = oneArg(d, &s); err == nil {
-				if r.DB, err = strconv.Atoi(s); err != nil || r.DB < 0 {
-					err = d.Errf("db: expected a database number (0, 1, ...), got %q", s)
-				}
+			return nil
+		}}
+	}
+	address := text(&r.Address)
+	err := parseBlock(d, "pin_store redis", map[string]option{
+		"address": {parse: func(d *caddyfile.Dispenser) error {
+			if err := address.parse(d); err != nil {
+				return err
 			}
-		case "timeout":
+			if strings.Contains(r.Address, "{") { // a placeholder, replaced and checked at load
+				return nil
+			}
+			return checkAddress(d, r.Address)
+		}},
+		"username":   text(&r.Username),
+		"password":   text(&r.Password),
+		"key_prefix": text(&r.KeyPrefix),
+		"db": {parse: func(d *caddyfile.Dispenser) (err error) {
+			r.DB, err = argument(d, "a database number (0, 1, ...)", func(s string) (int, bool) {
+				n, err := strconv.Atoi(s)
+				return n, err == nil && n >= 0
+			})
+			return err
+		}},
+		"timeout": {parse: func(d *caddyfile.Dispenser) (err error) {
 			r.Timeout, err = duration(d)
-		case "sync_interval":
-			r.SyncInterval, err = duration(d)
-		case "tls_enabled":
-			r.TLSEnabled, err = optionalOnOffOrBool(d)
-		case "tls_insecure":
-			r.TLSInsecure, err = optionalOnOffOrBool(d)
-		default:
-			return nil, d.Errf("unrecognized pin_store redis option %q; expected address, username, password, db, key_prefix, timeout, sync_interval, tls_enabled or tls_insecure", opt)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if d.NextArg() {
-			return nil, d.Errf("%s: unexpected argument %q", opt, d.Val())
-		}
-	}
-	return r, nil
-}
-
-func oneArg(d *caddyfile.Dispenser, into *string) error {
-	opt := d.Val()
-	if !d.NextArg() {
-		return d.Errf("%s: expected a value", opt)
-	}
-	*into = d.Val()
-	return nil
-}
-
-// optionalOnOffOrBool reads caddy-storage-redis's true/false as well as
-// on/off; no argument means on.
-func optionalOnOffOrBool(d *caddyfile.Dispenser) (bool, error) {
-	if d.CountRemainingArgs() == 0 {
-		return true, nil
-	}
-	d.NextArg()
-	switch d.Val() {
-	case "on", "true":
-		return true, nil
-	case "off", "false":
-		return false, nil
-	}
-	return false, d.Errf("expected on, off, true or false, got %q", d.Val())
+			return err
+		}},
+		"tls_enabled": {parse: func(d *caddyfile.Dispenser) (err error) {
+			r.TLSEnabled, err = onOff(d)
+			return err
+		}},
+	}, removedRedisOptions)
+	return r, err
 }
 
 // validatePinStore checks the store's settings; errors name the model.

@@ -85,6 +85,9 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkRepliesRead(ctx, p.Model, l.cfg); err != nil {
+		return err
+	}
 	p.cfg, p.view = l.cfg, l.plan.View()
 	return nil
 }

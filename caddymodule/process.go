@@ -19,14 +19,12 @@ import (
 // go of it; a changed one gets a new process and the old one is stopped.
 var processes = caddy.NewUsagePool()
 
-// fromProcesses completes the model from its processes' command lines.
+// fromProcesses completes the model from its processes' command lines:
+// addresses from --port, the ranks from --data-parallel-size.
 func (c *ModelConfig) fromProcesses() error {
 	for i := range c.Replicas {
 		r := &c.Replicas[i]
 		if err := r.Process.fillAddress(&r.Address); err != nil {
-			return err
-		}
-		if err := c.maxNumSeqsFrom(r.Process); err != nil {
 			return err
 		}
 	}
@@ -45,7 +43,7 @@ func (c *ModelConfig) fromProcesses() error {
 			c.Server.Ranks = ranks
 		}
 	}
-	return c.maxNumSeqsFrom(c.Server.Process)
+	return nil
 }
 
 // fillAddress takes the port from --port when no address is given.
@@ -64,15 +62,25 @@ func (p *ProcessConfig) fillAddress(addr *string) error {
 	return nil
 }
 
-func (c *ModelConfig) maxNumSeqsFrom(p *ProcessConfig) error {
-	if p == nil || c.MaxNumSeqs != 0 {
+// resolveMaxNumSeqs sets the max_num_seqs warden routes with and where it
+// came from: the config's, else the smallest --max-num-seqs of the
+// processes the app launches, else what vLLM runs without the flag.
+func (c *ModelConfig) resolveMaxNumSeqs() error {
+	if c.MaxNumSeqs > 0 {
+		c.maxNumSeqs, c.maxNumSeqsSource = c.MaxNumSeqs, MaxNumSeqsFromConfig
 		return nil
 	}
-	n, found, err := supervise.IntFlag(p.Command, "--max-num-seqs")
-	if found && err == nil {
-		c.MaxNumSeqs = n
+	c.maxNumSeqs, c.maxNumSeqsSource = vllmDefaultMaxNumSeqs, MaxNumSeqsVLLMDefault
+	for _, p := range c.processSpecs() {
+		n, found, err := supervise.IntFlag(p.Command, "--max-num-seqs")
+		if err != nil {
+			return err
+		}
+		if found && (c.maxNumSeqsSource != MaxNumSeqsFromProcess || n < c.maxNumSeqs) {
+			c.maxNumSeqs, c.maxNumSeqsSource = n, MaxNumSeqsFromProcess
+		}
 	}
-	return err
+	return nil
 }
 
 // processSpecs are the model's processes by server address.

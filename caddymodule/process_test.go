@@ -51,15 +51,12 @@ const supervisedCaddyfile = `{
 		model m {
 			replica {
 				process %[2]s --port %[3]s --id a --time-scale 20 --max-num-seqs 16 --model m
-				stop_grace 5s
 			}
 			replica {
 				process %[2]s --port %[4]s --id b --time-scale 20 --max-num-seqs 16 --model m
-				stop_grace 5s
 			}
 			{third}
 			spill_threshold {spill}
-			metrics_interval 100ms
 		}
 	}
 }

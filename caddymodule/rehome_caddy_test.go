@@ -16,7 +16,7 @@ import (
 // /metrics, and it stays there.
 func TestColdConversationIsRehomedThroughCaddy(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-	f := startFleet(t, "replicas {replicas}\n\t\t\tclient_pinning on", backends...)
+	f := startFleetWith(t, caddySetup{modelBlock: "replicas {replicas}", fields: map[string]any{"client_pinning": true}}, backends...)
 	addr := map[string]string{}
 	for _, b := range backends {
 		addr[b.name+"/0"] = b.addr

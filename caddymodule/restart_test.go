@@ -48,7 +48,7 @@ func TestPinsSurviveARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second := startFleetIn(t, data, restartBlock+"\n\t\t\tpin_snapshot_interval 1s", backends...)
+	second := startFleetWith(t, caddySetup{modelBlock: restartBlock, dataDir: data, fields: map[string]any{"pin_snapshot_interval": "1s"}}, backends...)
 	if st := pinSnapshot(t, second); st.Restored != 20 || st.Dropped != 0 || st.LoadError != "" {
 		t.Fatalf("restored at start: %+v", st)
 	}
@@ -136,7 +136,7 @@ func TestRestartDropsExpiredPins(t *testing.T) {
 	}
 	time.Sleep(time.Second) // the restart alone may take less
 
-	second := startFleetIn(t, data, restartBlock+"\n\t\t\tsession_ttl 1s", backends...)
+	second := startFleetWith(t, caddySetup{modelBlock: restartBlock, dataDir: data, fields: map[string]any{"session_ttl": "1s"}}, backends...)
 	if st := pinSnapshot(t, second); st.Restored != 0 || st.DroppedExpired != 10 || st.Dropped != 10 {
 		t.Fatalf("restored with session_ttl 1s: %+v", st)
 	}

@@ -15,15 +15,17 @@ import (
 )
 
 // sharedBlock is model m with its pins in the Redis at addr.
-func sharedBlock(addr, syncInterval string) string {
-	return fmt.Sprintf(`replicas {replicas}
+func sharedBlock(addr, syncInterval string) caddySetup {
+	return caddySetup{
+		modelBlock: fmt.Sprintf(`replicas {replicas}
 			max_num_seqs 128
 			pin_store redis {
 				address %s
 				password {env.WARDEN_TEST_REDIS_PASSWORD}
 				timeout 200ms
-				sync_interval %s
-			}`, addr, syncInterval)
+			}`, addr),
+		fields: map[string]any{"pin_store.redis.sync_interval": syncInterval},
+	}
 }
 
 const redisPassword = "s3cret-never-shown"
@@ -37,7 +39,7 @@ func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM
 	var fleets []*fleet
 	var logs []*syncBuffer
 	for range n {
-		f, log := runCaddy(t, caddySetup{modelBlock: sharedBlock(redis.Addr, syncInterval)}, addresses(backends)...)
+		f, log := runCaddy(t, sharedBlock(redis.Addr, syncInterval), addresses(backends)...)
 		f.backends = backends
 		fleets, logs = append(fleets, f), append(logs, log)
 	}

@@ -22,6 +22,10 @@ type ModelStatus struct {
 	SpillThreshold     int    `json:"spill_threshold"`
 	SpillThresholdAuto bool   `json:"spill_threshold_auto"`
 	MaxNumSeqs         int    `json:"max_num_seqs"`
+	// MaxNumSeqsSource says where MaxNumSeqs came from: "config",
+	// "process" (the --max-num-seqs of a process the app launches) or
+	// "vllm_default" (what vLLM runs without the flag on most GPUs).
+	MaxNumSeqsSource string `json:"max_num_seqs_source"`
 	// TypicalPromptTokens is the requests' prompt size, estimated from
 	// their bodies and smoothed; the auto spill threshold reads it.
 	TypicalPromptTokens int     `json:"typical_prompt_tokens"`
@@ -253,6 +257,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		SpillThreshold:      st.SpillThreshold,
 		SpillThresholdAuto:  st.SpillThresholdAuto,
 		MaxNumSeqs:          st.MaxNumSeqs,
+		MaxNumSeqsSource:    l.cfg.maxNumSeqsSource,
 		TypicalPromptTokens: int(math.Round(st.TypicalPrompt)),
 		StickyPercent:       st.StickyPercent,
 		InFlight:            st.InFlight,

@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -44,6 +46,45 @@ func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandl
 	s := new(StopReason)
 	err := s.UnmarshalCaddyfile(h.Dispenser)
 	return s, err
+}
+
+// Provision tells the warden app of its config, if it has one, that the
+// replies are read (checkRepliesRead).
+func (StopReason) Provision(ctx caddy.Context) error {
+	app, err := ctx.AppIfConfigured("warden")
+	if errors.Is(err, caddy.ErrNotConfigured) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	app.(*App).repliesRead = true
+	return nil
+}
+
+// checkRepliesRead refuses an lb_policy warden whose model needs the
+// replies read (load control, KV cache events) in a config where no
+// warden_stop_reason came before it. Caddy provisions a route's handlers
+// in order, and the handler must come before reverse_proxy to see the
+// replies; without it load control would never see a task end nor learn
+// the prompts' size in tokens.
+func checkRepliesRead(ctx caddy.Context, model string, cfg *ModelConfig) error {
+	var needs string
+	switch {
+	case cfg.LoadControl != nil && cfg.LoadControl.Enabled:
+		needs = "load_control on"
+	case len(cfg.kvEvents()) > 0:
+		needs = "kv_events"
+	default:
+		return nil
+	}
+	app, err := ctx.App("warden")
+	if err != nil || app.(*App).repliesRead {
+		return err
+	}
+	return fmt.Errorf("lb_policy warden %s: model %q has %s, which reads the replies: "+
+		"add the warden_stop_reason directive to the site, before reverse_proxy (in JSON, a handler "+
+		`{"handler": "warden_stop_reason"} before the reverse_proxy handler)`, model, model, needs)
 }
 
 // ServeHTTP passes the request on, and the reply's bytes, as they stream
@@ -115,4 +156,5 @@ type writerOnly struct{ io.Writer }
 var (
 	_ caddyhttp.MiddlewareHandler = (*StopReason)(nil)
 	_ caddyfile.Unmarshaler       = (*StopReason)(nil)
+	_ caddy.Provisioner           = (*StopReason)(nil)
 )

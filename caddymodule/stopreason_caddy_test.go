@@ -46,16 +46,19 @@ func startSim(t *testing.T, args ...string) string {
 	return addr
 }
 
+// lingering is load control on with residents lingering a minute, and
+// warden_stop_reason reading the replies.
+func lingering() caddySetup {
+	return loadControlWith(map[string]any{"linger": "1m"})
+}
+
 // readingFleet is Caddy in front of one simulator, with load control on
 // (residents linger a minute) and warden_stop_reason reading the replies;
 // simArgs are more of the simulator's flags.
 func readingFleet(t *testing.T, simArgs ...string) *fleet {
 	t.Helper()
 	sim := startSim(t, simArgs...)
-	f, _ := runCaddy(t, caddySetup{
-		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
-		siteDirectives: "warden_stop_reason",
-	}, sim)
+	f, _ := runCaddy(t, lingering(), sim)
 	return f
 }
 
@@ -84,10 +87,9 @@ func reply(t *testing.T, f *fleet, path, conv, body string) string {
 // finish_reason stop, a completed Responses reply without a call) frees its
 // conversation's place in load control at once with warden_stop_reason in
 // the site, streamed or not; a reply cut at max_tokens or calling a tool
-// keeps it for linger, and so does every reply without the directive.
+// keeps it for linger.
 func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 	sim := startSim(t)
-	block := "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}"
 	anthropic := func(maxTokens int, stream bool) string {
 		return fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":"hello"}]}`, maxTokens, stream)
 	}
@@ -107,41 +109,31 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 		return n, st.LoadControl.TaskEnded
 	}
 
-	t.Run("with warden_stop_reason", func(t *testing.T) {
-		f, _ := runCaddy(t, caddySetup{modelBlock: block, siteDirectives: "warden_stop_reason"}, sim)
-		steps := []struct {
-			conv, path, body, says string
-			residents              int
-			ended                  uint64
-		}{
-			{"a", "/v1/messages", anthropic(100, false), `"stop_reason":"end_turn"`, 0, 1},
-			{"b", "/v1/messages", anthropic(100, true), `"stop_reason":"end_turn"`, 0, 2},
-			{"c", "/v1/chat/completions", openai, `"finish_reason":"stop"`, 0, 3},
-			{"d", "/v1/responses", responses("none"), `"status":"completed"`, 0, 4},
-			{"e", "/v1/messages", anthropic(1, true), `"stop_reason":"max_tokens"`, 1, 4},
-			{"f", "/v1/messages", anthropicTool, `"stop_reason":"tool_use"`, 2, 4},
-			{"g", "/v1/responses", responses("required"), `"type":"function_call"`, 3, 4},
+	f, _ := runCaddy(t, lingering(), sim)
+	steps := []struct {
+		conv, path, body, says string
+		residents              int
+		ended                  uint64
+	}{
+		{"a", "/v1/messages", anthropic(100, false), `"stop_reason":"end_turn"`, 0, 1},
+		{"b", "/v1/messages", anthropic(100, true), `"stop_reason":"end_turn"`, 0, 2},
+		{"c", "/v1/chat/completions", openai, `"finish_reason":"stop"`, 0, 3},
+		{"d", "/v1/responses", responses("none"), `"status":"completed"`, 0, 4},
+		{"e", "/v1/messages", anthropic(1, true), `"stop_reason":"max_tokens"`, 1, 4},
+		{"f", "/v1/messages", anthropicTool, `"stop_reason":"tool_use"`, 2, 4},
+		{"g", "/v1/responses", responses("required"), `"type":"function_call"`, 3, 4},
+	}
+	for _, s := range steps {
+		if out := reply(t, f, s.path, s.conv, s.body); !strings.Contains(out, s.says) {
+			t.Fatalf("%s: the simulator's reply does not say %s:\n%s", s.conv, s.says, out)
 		}
-		for _, s := range steps {
-			if out := reply(t, f, s.path, s.conv, s.body); !strings.Contains(out, s.says) {
-				t.Fatalf("%s: the simulator's reply does not say %s:\n%s", s.conv, s.says, out)
-			}
-			// The request's end reaches load control just after its
-			// client read the reply.
-			testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d resident and %d tasks ended after %s (%s)", s.residents, s.ended, s.conv, s.says), func() bool {
-				n, ended := residents(f)
-				return n == s.residents && ended == s.ended
-			})
-		}
-	})
-
-	t.Run("without it", func(t *testing.T) {
-		f, _ := runCaddy(t, caddySetup{modelBlock: block}, sim)
-		reply(t, f, "/v1/messages", "a", anthropic(100, true))
-		if n, ended := residents(f); n != 1 || ended != 0 {
-			t.Fatalf("%d resident, %d tasks ended; want 1 and 0", n, ended)
-		}
-	})
+		// The request's end reaches load control just after its
+		// client read the reply.
+		testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d resident and %d tasks ended after %s (%s)", s.residents, s.ended, s.conv, s.says), func() bool {
+			n, ended := residents(f)
+			return n == s.residents && ended == s.ended
+		})
+	}
 }
 
 // The prompt sizes and cached parts the simulator's replies report, in each
@@ -199,10 +191,7 @@ func TestRepliesUsageThroughCaddy(t *testing.T) {
 // said must still reach load control.
 func TestReplyReadWhenItsClientLeavesAtItsLastEvent(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
-	f, _ := runCaddy(t, caddySetup{
-		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
-		siteDirectives: "warden_stop_reason",
-	}, backend.addr)
+	f, _ := runCaddy(t, lingering(), backend.addr)
 	req, err := http.NewRequest(http.MethodPost, "http://"+f.site+"/v1/messages", strings.NewReader(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -237,10 +226,7 @@ func deref(p *float64) any {
 // warden_stop_reason no longer offers the client's encodings upstream, and
 // the client still gets the reply it accepts.
 func TestRepliesOfACompressingUpstreamAreRead(t *testing.T) {
-	f, _ := runCaddy(t, caddySetup{
-		modelBlock:     "replicas {replicas}\n\t\t\tload_control {\n\t\t\t\tlinger 1m\n\t\t\t}",
-		siteDirectives: "warden_stop_reason",
-	}, gzipping(t, startSim(t)))
+	f, _ := runCaddy(t, lingering(), gzipping(t, startSim(t)))
 	body := `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum ", 100) + `"}]}`
 	for _, conv := range []string{"a", "b"} {
 		if out := reply(t, f, "/v1/messages", conv, body); !strings.Contains(out, "message_stop") { // Go's client asks for gzip

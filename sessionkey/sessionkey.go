@@ -9,6 +9,7 @@ package sessionkey
 import (
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -144,6 +145,14 @@ var DefaultHeaders = []string{
 	claudeSession, "X-Session-Id", "X-Session-Affinity", "X-Opencode-Session",
 	codexThread, codexSession, "Agent-Session-Id",
 }
+
+// IDHeaders are the headers the rules read whose values name or link a
+// conversation: the default session headers, the agents' own and their
+// parents', and Codex's turn metadata (which carries its session and thread
+// IDs). A log filter that hashes these keeps every ID warden reads out of
+// Caddy's logs (examples/Caddyfile.retries).
+var IDHeaders = append(slices.Clone(DefaultHeaders),
+	claudeAgent, claudeParentAgent, codexParent, parentSession, codexTurnMetadata)
 
 // Rules read a request's conversation from its headers. Make them once per
 // configuration with NewRules; they are immutable and safe for concurrent

@@ -102,8 +102,10 @@ func startFleet(t *testing.T, opts fleetOptions) *fleet {
 	ports := testnet.Addrs(t, 2)
 	admin, site := ports[0], ports[1]
 	loadControl, stopReason := "", ""
+	fields := map[string]any{"metrics_interval": "100ms"}
 	if opts.loadControl {
-		loadControl, stopReason = "load_control {\n\t\t\t\tlinger 1m\n\t\t\t}", "warden_stop_reason"
+		loadControl, stopReason = "load_control on", "warden_stop_reason"
+		fields["load_control.linger"] = "1m"
 	}
 	caddyfile := fmt.Sprintf(`{
 	admin %[1]s
@@ -112,7 +114,6 @@ func startFleet(t *testing.T, opts fleetOptions) *fleet {
 		model %[2]s {
 			replicas %[3]s
 			max_num_seqs 32
-			metrics_interval 100ms
 			%[5]s
 		}
 	}
@@ -129,8 +130,12 @@ http://%[4]s {
 	}
 }
 `, admin, model, strings.Join(addrs, " "), site, loadControl, stopReason)
+	config, err := caddyproc.Adapt(bin, caddyfile, map[string]map[string]any{model: fields})
+	if err != nil {
+		t.Fatal(err)
+	}
 	log := &syncWriter{}
-	proc, err := caddyproc.Start(bin, caddyfile, admin, log)
+	proc, err := caddyproc.Start(bin, config, admin, log)
 	if err != nil {
 		t.Fatalf("starting Caddy: %v\n%s", err, log.String())
 	}

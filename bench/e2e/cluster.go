@@ -46,6 +46,10 @@ type ClusterOptions struct {
 	Front FrontSettings
 	// Log receives Caddy's and Redis's output; nil discards it.
 	Log io.Writer
+	// ModelFields are JSON fields of every instance's warden model m that a
+	// Caddyfile does not offer (docs/configuration.md), set in the JSON
+	// `caddy adapt` makes of the instance's Caddyfile.
+	ModelFields map[string]any
 }
 
 // FrontSettings are the front Caddy's reverse_proxy options, in wall time.
@@ -99,7 +103,7 @@ type Instance struct {
 	Admin   string
 	DataDir string
 	Proc    *caddyproc.Process
-	// config is its Caddyfile as last started or loaded.
+	// config is its config as last started or loaded.
 	config string
 }
 
@@ -159,7 +163,10 @@ func StartCluster(ctx context.Context, o ClusterOptions, config func(c *Cluster,
 			return nil, err
 		}
 		inst.Site, inst.Admin = next(), next()
-		inst.config = config(c, inst)
+		if inst.config, err = c.Config(config(c, inst)); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("caddy instance %s: %v", inst.Name, err)
+		}
 		if inst.Proc, err = caddyproc.StartIn(inst.DataDir, o.Bin, inst.config, inst.Admin, o.Log); err != nil {
 			c.Stop()
 			return nil, fmt.Errorf("caddy instance %s: %v", inst.Name, err)
@@ -240,6 +247,15 @@ func (c *Cluster) Do(method, path string, body any) error {
 		}
 	}
 	return nil
+}
+
+// Config is an instance's config from its Caddyfile: the Caddyfile itself,
+// or with ModelFields the JSON `caddy adapt` makes of it with them set.
+func (c *Cluster) Config(caddyfile string) (string, error) {
+	if c.o.ModelFields == nil {
+		return caddyfile, nil
+	}
+	return caddyproc.Adapt(c.o.Bin, caddyfile, map[string]map[string]any{"m": c.o.ModelFields})
 }
 
 // Kill ends instance i with SIGKILL (no shutdown work, no final snapshot).

@@ -13,12 +13,14 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/lab"
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // A short run through the whole real path: vllmsim processes, Caddy from
 // cmd/caddy, the agent workload over HTTP, a policy switch with fresh
 // replicas (so that each series starts cold and its hits stay under the
-// level's own bound).
+// level's own bound). The farm preset the run configures with
+// `load_control farm` is the lab's.
 func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy and the simulator")
@@ -36,7 +38,7 @@ func TestShortRun(t *testing.T) {
 		Duration:   40 * time.Second,
 		BlockSize:  16,
 		TimeScale:  10,
-		Policies:   []string{"off", "warden", lab.PolicyWardenEvents},
+		Policies:   []string{"off", "warden", lab.PolicyWardenEvents, lab.PolicyAdmissionFarm},
 		Seed:       1,
 		Workload:   w,
 		WorkDir:    dir,
@@ -45,8 +47,8 @@ func TestShortRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 3 {
-		t.Fatalf("%d rows, want 3", len(rows))
+	if len(rows) != 4 {
+		t.Fatalf("%d rows, want 4", len(rows))
 	}
 	for _, r := range rows {
 		t.Logf("%+v", r)
@@ -62,16 +64,27 @@ func TestShortRun(t *testing.T) {
 	if rows[1].StayedPercent != 100 {
 		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
 	}
+	admin := func(policy string) caddymodule.ModelStatus {
+		raw, err := os.ReadFile(filepath.Join(dir, "admin-"+policy+"-2.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var status caddymodule.ModelStatus
+		if err := json.Unmarshal(raw, &status); err != nil {
+			t.Fatal(err)
+		}
+		return status
+	}
+	// The product's farm preset, stagger scaled, as the lab runs it.
+	farm := admin(lab.PolicyAdmissionFarm).LoadControl
+	if !farm.Enabled || farm.Quantum != -1 || farm.StaggerSeconds != lab.FarmStagger.Seconds()/10 || farm.FillMin != lab.FarmFillMin ||
+		farm.FillMax != lab.FarmFillMax || !farm.Touch || farm.Fill != selection.DefaultAdmissionFill {
+		t.Errorf("load_control farm: %+v; want the lab's farm preset (quantum -1, stagger %v/10, fill %g in %g-%g, touch)",
+			farm, lab.FarmStagger, selection.DefaultAdmissionFill, lab.FarmFillMin, lab.FarmFillMax)
+	}
 	// warden-events follows each replica's KV cache events, and finds the
 	// chains of the turns in them.
-	raw, err := os.ReadFile(filepath.Join(dir, "admin-"+lab.PolicyWardenEvents+"-2.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var status caddymodule.ModelStatus
-	if err := json.Unmarshal(raw, &status); err != nil {
-		t.Fatal(err)
-	}
+	status := admin(lab.PolicyWardenEvents)
 	for _, r := range status.Replicas {
 		t.Logf("replica %s: KV cache events %+v", r.ID, r.KVEvents)
 		// A handful of turns a replica, of which the one cut when the load

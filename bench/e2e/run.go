@@ -91,36 +91,47 @@ var policiesFor = map[string][]string{
 // "warden-compaction" places a conversation anew after a compaction hint
 // (off by default: a compacted conversation keeps its pin),
 // "warden-nofingerprint" keys no header-less conversation,
-// "warden-admission" turns load control on (its times scaled like the
-// replicas', as scaled writes them), "warden-admission-farm" with the farm
-// preset (lab.PolicyAdmissionFarm), "warden-events" following the replicas'
-// KV cache events (lab.PolicyWardenEvents). Every warden runs behind
-// warden_stop_reason, which load control reads the replies' ends with.
-var wardenVariants = map[string]func(scaled func(time.Duration) string) string{
-	"warden-nosubagents":    fixed("subagents off"),
-	"warden-compaction":     fixed("compaction on"),
-	"warden-nofingerprint":  fixed("fingerprint off"),
-	"warden-admission":      loadControl(""),
-	"warden-admission-farm": farmLoadControl,
-	lab.PolicyWardenEvents:  fixed(""), // its replicas' lines follow their KV cache events
+// "warden-admission" turns load control on, "warden-admission-farm" with
+// the farm preset (lab.PolicyAdmissionFarm), their times scaled like the
+// replicas', "warden-events" following the replicas' KV cache events
+// (lab.PolicyWardenEvents). Every warden runs behind warden_stop_reason,
+// which load control reads the replies' ends with.
+var wardenVariants = map[string]func(scaled func(time.Duration) string) variant{
+	"warden-nosubagents":   fields(map[string]any{"subagents": false}),
+	"warden-compaction":    fields(map[string]any{"compaction": true}),
+	"warden-nofingerprint": line("fingerprint off"),
+	"warden-admission": func(scaled func(time.Duration) string) variant {
+		return variant{line: "load_control on", fields: loadControlTimes(scaled)}
+	},
+	"warden-admission-farm": func(scaled func(time.Duration) string) variant {
+		times := loadControlTimes(scaled)
+		times["load_control.stagger"] = scaled(lab.FarmStagger)
+		return variant{line: "load_control farm", fields: times}
+	},
+	lab.PolicyWardenEvents: line(""), // its replicas' lines follow their KV cache events
 }
 
-// loadControl is a load_control block with options, its times scaled.
-func loadControl(options string) func(scaled func(time.Duration) string) string {
-	return func(scaled func(time.Duration) string) string {
-		return fmt.Sprintf("load_control {\n\t\t\t\t%slinger %s\n\t\t\t\tmax_wait %s\n\t\t\t}",
-			options, scaled(selection.DefaultAdmissionLinger), scaled(selection.DefaultAdmissionWait))
+// variant is what a variant adds to model m: a Caddyfile line, and JSON
+// fields a Caddyfile does not offer.
+type variant struct {
+	line   string
+	fields map[string]any
+}
+
+// loadControlTimes are load control's times, scaled.
+func loadControlTimes(scaled func(time.Duration) string) map[string]any {
+	return map[string]any{
+		"load_control.linger":   scaled(selection.DefaultAdmissionLinger),
+		"load_control.max_wait": scaled(selection.DefaultAdmissionWait),
 	}
 }
 
-// farmLoadControl is the farm preset's block (lab.PolicyAdmissionFarm).
-func farmLoadControl(scaled func(time.Duration) string) string {
-	return loadControl(fmt.Sprintf("quantum off\n\t\t\t\tstagger %s\n\t\t\t\tfill_range %g %g\n\t\t\t\ttouch on\n\t\t\t\t",
-		scaled(lab.FarmStagger), lab.FarmFillMin, lab.FarmFillMax))(scaled)
+func line(option string) func(func(time.Duration) string) variant {
+	return func(func(time.Duration) string) variant { return variant{line: option} }
 }
 
-func fixed(option string) func(func(time.Duration) string) string {
-	return func(func(time.Duration) string) string { return option }
+func fields(f map[string]any) func(func(time.Duration) string) variant {
+	return func(func(time.Duration) string) variant { return variant{fields: f} }
 }
 
 // DefaultPolicies are the policies a topology compares.
@@ -207,7 +218,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			}
 		}
 		config := func(c *Cluster, inst *Instance) string { return caddyfile(o, policy, sims, c, inst) }
-		co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log}
+		co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log, ModelFields: modelFields(o, policy)}
 		if co.DataDir, err = os.MkdirTemp(storage, "fleet-"); err != nil {
 			return rows, err
 		}
@@ -252,15 +263,13 @@ func usesWarden(policy string) bool {
 	return policy == "warden" || policy == "off" || variant
 }
 
-// caddyfile is an instance's Caddy config for a policy. Times inside warden
-// (metrics interval, active window) are divided by the time scale like the
-// replicas'.
+// caddyfile is an instance's Caddyfile for a policy; modelFields are the
+// JSON fields of its model that a Caddyfile does not offer.
 func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance) string {
 	var upstreams []string
 	for _, s := range sims {
 		upstreams = append(upstreams, s.Addr)
 	}
-	scaled := func(d time.Duration) string { return time.Duration(float64(d) / o.TimeScale).String() }
 	model := "replicas " + strings.Join(upstreams, " ")
 	switch {
 	case o.Topology == TopologyRanks && policy == lab.PolicyWardenEvents:
@@ -274,22 +283,17 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 		}
 		model = strings.Join(lines, "\n\t\t\t")
 	}
-	compactionInterval := cmp.Or(o.CompactionInterval, time.Minute)
 	options := ""
-	if v := wardenVariants[policy]; v != nil {
-		options = "\t\t\t" + v(scaled) + "\n"
+	if v := wardenVariants[policy]; v != nil && v(o.scaled).line != "" {
+		options = "\t\t\t" + v(o.scaled).line + "\n"
 	}
 	global := fmt.Sprintf(`	warden {
 %s		model m {
 			%s
 			max_num_seqs %d
-			metrics_interval %s
-			active_window %s
-			session_ttl %s
-			compaction_interval %s
 %s		}
 	}
-`, c.Global(), model, o.MaxNumSeqs, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute), scaled(compactionInterval), options)
+`, c.Global(), model, o.MaxNumSeqs, options)
 	lbPolicy, site := policy, inst.SiteDirectives()
 	if usesWarden(policy) {
 		lbPolicy = "warden"
@@ -313,10 +317,42 @@ func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance
 http://%s {
 %s	reverse_proxy %s {
 		%s
-		flush_interval -1
 	}
 }
 `, inst.Admin, global, inst.Site, site, strings.Join(upstreams, " "), lb)
+}
+
+// modelFields are model m's JSON fields for a policy: warden's times
+// divided by the time scale like the replicas' (ScaledModelFields, and the
+// compaction interval), and the variant's own.
+func modelFields(o Options, policy string) map[string]any {
+	if !usesWarden(policy) {
+		return nil
+	}
+	out := ScaledModelFields(o.TimeScale)
+	out["compaction_interval"] = o.scaled(cmp.Or(o.CompactionInterval, time.Minute))
+	if v := wardenVariants[policy]; v != nil {
+		maps.Copy(out, v(o.scaled).fields)
+	}
+	return out
+}
+
+// ScaledModelFields are warden's times in a run whose simulated time runs
+// scale times faster than the wall clock: how often replicas are polled,
+// how long a conversation counts as load and is remembered, divided by the
+// scale like the replicas' own times.
+func ScaledModelFields(scale float64) map[string]any {
+	scaled := func(d time.Duration) string { return time.Duration(float64(d) / scale).String() }
+	return map[string]any{
+		"metrics_interval": scaled(time.Second),
+		"active_window":    scaled(2 * time.Minute),
+		"session_ttl":      scaled(30 * time.Minute),
+	}
+}
+
+// scaled writes a simulated duration in wall time.
+func (o Options) scaled(d time.Duration) string {
+	return time.Duration(float64(d) / o.TimeScale).String()
 }
 
 // saveAdminJSON keeps the model's panel as it stood after a level.

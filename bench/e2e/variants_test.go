@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -10,46 +11,56 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/lab"
 )
 
-// Warden's variants are warden with one model option off; every time in the
-// config, the compaction interval included, is divided by the time scale.
+// Warden's variants are warden with one model option changed; every time
+// in the model's JSON fields, the compaction interval included, is divided
+// by the time scale.
 func TestWardenVariantsConfig(t *testing.T) {
 	o := Options{Topology: TopologyServers, Replicas: 2, MaxNumSeqs: 32, TimeScale: 10, Workload: agentload.DefaultConfig()}
 	sims := []*Sim{{Addr: "127.0.0.1:1"}, {Addr: "127.0.0.1:2"}}
 	inst := &Instance{Site: "127.0.0.1:3", Admin: "127.0.0.1:4"}
-	for policy, option := range map[string]string{
-		"warden": "", "off": "", "warden-nosubagents": "subagents off",
-		"warden-compaction": "compaction on", "warden-nofingerprint": "fingerprint off",
+	scaledTimes := map[string]any{"metrics_interval": "100ms", "active_window": "12s", "session_ttl": "3m0s", "compaction_interval": "6s"}
+	with := func(extra map[string]any) map[string]any {
+		out := maps.Clone(scaledTimes)
+		maps.Copy(out, extra)
+		return out
+	}
+	lcTimes := map[string]any{"load_control.linger": "600ms", "load_control.max_wait": "30s"}
+	for policy, want := range map[string]struct {
+		line   string
+		fields map[string]any
+	}{
+		"warden":                {"", scaledTimes},
+		"off":                   {"", scaledTimes},
+		"warden-nosubagents":    {"", with(map[string]any{"subagents": false})},
+		"warden-compaction":     {"", with(map[string]any{"compaction": true})},
+		"warden-nofingerprint":  {"fingerprint off", scaledTimes},
+		"warden-admission":      {"load_control on", with(lcTimes)},
+		"warden-admission-farm": {"load_control farm", with(map[string]any{"load_control.linger": "600ms", "load_control.max_wait": "30s", "load_control.stagger": "1.5s"})},
 	} {
 		cfg := caddyfile(o, policy, sims, &Cluster{}, inst)
-		if !strings.Contains(cfg, "lb_policy warden m") || !usesWarden(policy) {
-			t.Errorf("%s: not routed by warden:\n%s", policy, cfg)
+		if !strings.Contains(cfg, "lb_policy warden m") || !usesWarden(policy) || !strings.Contains(cfg, "warden_stop_reason") {
+			t.Errorf("%s: not routed by warden behind warden_stop_reason:\n%s", policy, cfg)
 		}
-		for _, o := range []string{"subagents", "compaction ", "fingerprint"} {
-			if strings.Contains(cfg, o) != (option != "" && strings.HasPrefix(option, o)) {
-				t.Errorf("%s: option %q misplaced:\n%s", policy, o, cfg)
+		for _, option := range []string{"fingerprint", "load_control"} {
+			if strings.Contains(cfg, option) != strings.HasPrefix(want.line, option) {
+				t.Errorf("%s: option %q misplaced:\n%s", policy, option, cfg)
 			}
 		}
-		if !strings.Contains(cfg, "compaction_interval 6s") {
-			t.Errorf("%s: compaction interval not the scaled default:\n%s", policy, cfg)
+		if want.line != "" && !strings.Contains(cfg, "\t"+want.line+"\n") {
+			t.Errorf("%s: no line %q:\n%s", policy, want.line, cfg)
+		}
+		if got := modelFields(o, policy); !maps.Equal(got, want.fields) {
+			t.Errorf("%s: model fields %v, want %v", policy, got, want.fields)
 		}
 	}
-	if cfg := caddyfile(o, "warden-admission", sims, &Cluster{}, inst); !strings.Contains(cfg, "load_control {") ||
-		!strings.Contains(cfg, "linger 600ms") || !strings.Contains(cfg, "max_wait 30s") {
-		t.Errorf("warden-admission: load control missing or its times not scaled:\n%s", cfg)
-	}
-	if cfg := caddyfile(o, "warden-admission-farm", sims, &Cluster{}, inst); strings.Contains(cfg, "fill ") ||
-		!strings.Contains(cfg, "quantum off") || !strings.Contains(cfg, "stagger 1.5s") || !strings.Contains(cfg, "linger 600ms") ||
-		!strings.Contains(cfg, "fill_range 0.92 0.98") || !strings.Contains(cfg, "touch on") {
-		t.Errorf("warden-admission-farm: not the farm preset:\n%s", cfg)
-	}
-	for _, policy := range []string{"warden", "off", "warden-admission", "header"} {
-		if cfg := caddyfile(o, policy, sims, &Cluster{}, inst); strings.Contains(cfg, "warden_stop_reason") != usesWarden(policy) {
-			t.Errorf("%s: warden_stop_reason where warden routes, and only there:\n%s", policy, cfg)
+	for _, policy := range []string{"header", "least_conn", "round_robin"} {
+		if cfg := caddyfile(o, policy, sims, &Cluster{}, inst); strings.Contains(cfg, "warden_stop_reason") || modelFields(o, policy) != nil {
+			t.Errorf("%s: warden's settings where warden does not route:\n%s", policy, cfg)
 		}
 	}
 	o.CompactionInterval = 20 * time.Second
-	if cfg := caddyfile(o, "warden", sims, &Cluster{}, inst); !strings.Contains(cfg, "compaction_interval 2s") {
-		t.Errorf("compaction interval not scaled:\n%s", cfg)
+	if got := modelFields(o, "warden")["compaction_interval"]; got != "2s" {
+		t.Errorf("compaction interval %v, want 2s (scaled)", got)
 	}
 	o.Policies = []string{"warden-nosubagents", "warden-compaction"}
 	o.Sessions, o.Duration, o.BlockSize = []int{1}, time.Second, 16

@@ -50,8 +50,8 @@ func (c caddyConfig) forInstance(cl *e2e.Cluster, inst *e2e.Instance) caddyConfi
 const outcomeHeader = "X-Warden-Outcome"
 
 // caddyfile is the config with a spill_threshold ("auto" or a number).
-// Warden's and Caddy's times are divided by the time scale, like the
-// simulators'.
+// Caddy's times are divided by the time scale, like the simulators', and so
+// are warden's (e2e.ScaledModelFields, set in its JSON).
 func (c caddyConfig) caddyfile(spill string) string {
 	scaled := func(d time.Duration) string { return time.Duration(float64(d) / c.scale).String() }
 	replicas := strings.Join(c.replicas, " ")
@@ -62,9 +62,6 @@ func (c caddyConfig) caddyfile(spill string) string {
 			replicas %s
 			max_num_seqs %d
 			spill_threshold %s
-			metrics_interval %s
-			active_window %s
-			session_ttl %s
 		}
 	}
 }
@@ -80,10 +77,9 @@ http://%s {
 			method POST
 		}
 		request_buffers %s
-		flush_interval -1
 	}
 }
-`, c.admin, c.global, replicas, maxNumSeqs, spill, scaled(time.Second), scaled(2*time.Minute), scaled(30*time.Minute),
+`, c.admin, c.global, replicas, maxNumSeqs, spill,
 		c.site, c.site2, replicas, outcomeHeader, retrySettings.retries, scaled(retrySettings.tryDuration), scaled(retrySettings.tryInterval),
 		scaled(retrySettings.failDuration), retrySettings.requestBuffers)
 }

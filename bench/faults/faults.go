@@ -251,6 +251,7 @@ func start(ctx context.Context, o Options) (*harness, error) {
 	}
 	h.cluster, err = e2e.StartCluster(ctx, e2e.ClusterOptions{
 		Instances: o.Instances, PinStore: o.PinStore, Bin: h.o.CaddyBin, DataDir: h.tmpDir, Log: caddyLog,
+		ModelFields: e2e.ScaledModelFields(o.TimeScale),
 		Front: e2e.FrontSettings{
 			TryDuration:  o.scaled(retrySettings.tryDuration),
 			TryInterval:  o.scaled(retrySettings.tryInterval),

@@ -88,7 +88,7 @@ func TestRetrySettingsMatchExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := caddyConfig{admin: "127.0.0.1:1", site: "127.0.0.1:2", replicas: []string{"127.0.0.1:3"}, scale: 1}.caddyfile("auto")
-	for _, option := range []string{"lb_retries", "lb_try_duration", "lb_try_interval", "fail_duration", "method", "request_buffers", "flush_interval"} {
+	for _, option := range []string{"lb_retries", "lb_try_duration", "lb_try_interval", "fail_duration", "method", "request_buffers"} {
 		want := optionLine(run, option)
 		if want == "" {
 			t.Fatalf("the run's Caddyfile has no %s", option)

@@ -34,8 +34,11 @@ func (h *harness) reloads(ctx context.Context) (Row, error) {
 	load := func(spill string) func() error {
 		return func() error {
 			loads++
-			return h.caddy.Do(http.MethodPost, "/load", []byte(h.config.caddyfile(spill)), nil,
-				"Content-Type", "text/caddyfile", "Cache-Control", "must-revalidate")
+			config, err := h.cluster.Config(h.config.caddyfile(spill))
+			if err != nil {
+				return err
+			}
+			return h.caddy.Do(http.MethodPost, "/load", []byte(config), nil, "Cache-Control", "must-revalidate")
 		}
 	}
 	affinity := func(on bool) func() error {

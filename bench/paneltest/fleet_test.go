@@ -101,7 +101,6 @@ func startFleet(t *testing.T) *fleet {
 		model m {
 			replicas %[2]s
 			max_num_seqs %[3]d
-			metrics_interval 100ms
 			load_control on
 		}
 	}
@@ -125,7 +124,11 @@ http://%[5]s {
 
 	var logs strings.Builder
 	var logMu sync.Mutex
-	p, err := caddyproc.Start(caddyBin, caddyfile, admin, writerFunc(func(b []byte) (int, error) {
+	config, err := caddyproc.Adapt(caddyBin, caddyfile, map[string]map[string]any{"m": {"metrics_interval": "100ms"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := caddyproc.Start(caddyBin, config, admin, writerFunc(func(b []byte) (int, error) {
 		logMu.Lock()
 		defer logMu.Unlock()
 		return logs.Write(b)

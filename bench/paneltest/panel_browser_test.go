@@ -257,6 +257,8 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 		"affinity":  "Affinity " + onOff[st.Affinity],
 		"spill":     fmt.Sprintf("Spill threshold %d %s", st.SpillThreshold, autoManual[st.SpillThresholdAuto]),
 		"in_flight": fmt.Sprintf("In flight %d", st.InFlight),
+		"max_num_seqs": fmt.Sprintf("max_num_seqs %d (%s)", st.MaxNumSeqs,
+			map[string]string{"config": "set", "process": "from --max-num-seqs", "vllm_default": "vLLM's default"}[st.MaxNumSeqsSource]),
 		"pin_store": "Shared pins " + map[bool]string{true: "up", false: "down"}[st.PinStore != nil && st.PinStore.Up],
 		"queue":     fmt.Sprintf("Queue %d", st.LoadControl.Waiting),
 	} {

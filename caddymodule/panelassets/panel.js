@@ -106,6 +106,7 @@
     return el("div", { className: "badges" },
       badge("affinity", "Affinity " + (m.affinity ? "on" : "off"), m.affinity ? "on" : "off"),
       spillBadge(m, badge),
+      maxNumSeqsBadge(m, badge),
       badge("sticky", "Sticky " + m.sticky_percent.toFixed(1) + "%"),
       badge("in_flight", "In flight " + m.in_flight),
       badge("sessions", "Conversations " + m.sessions),
@@ -124,6 +125,17 @@
           m.typical_prompt_tokens.toLocaleString("en-US") + " tokens) a replica's KV cache holds, at least 3"
         : "max_num_seqs/4 = " + quarter + " until requests tell their prompt size";
     }
+    return b;
+  }
+
+  // maxNumSeqsBadge shows the max_num_seqs warden routes with and where it
+  // came from: vLLM does not publish it.
+  function maxNumSeqsBadge(m, badge) {
+    const sources = { config: "set", process: "from --max-num-seqs", vllm_default: "vLLM's default" };
+    const b = badge("max_num_seqs", "max_num_seqs " + m.max_num_seqs + " (" + (sources[m.max_num_seqs_source] || m.max_num_seqs_source) + ")");
+    b.title = m.max_num_seqs_source === "vllm_default"
+      ? "what vllm serve runs without --max-num-seqs on a GPU under 70 GiB; set max_num_seqs if yours differs (1024 on an H100)"
+      : "";
     return b;
   }
 

@@ -108,31 +108,101 @@ type Process struct {
 	err  error // of the exit, once done is closed
 }
 
-// Start runs bin with the Caddyfile text, whose global options must set
-// `admin <admin>`, and waits until the admin API answers. Caddy's log goes
-// to logw (nil discards it). Its data directory is temporary, removed when
-// it exits.
-func Start(bin, caddyfile, admin string, logw io.Writer) (*Process, error) {
-	return StartIn("", bin, caddyfile, admin, logw)
+// Start runs bin with the config text, a Caddyfile or a JSON config (as
+// Adapt writes), which must set the admin address to admin, and waits
+// until the admin API answers. Caddy's log goes to logw (nil discards it).
+// Its data directory is temporary, removed when it exits.
+func Start(bin, config, admin string, logw io.Writer) (*Process, error) {
+	return StartIn("", bin, config, admin, logw)
+}
+
+// Adapt returns the JSON config `caddy adapt` makes of the Caddyfile, with
+// fields of warden models set: modelFields[model][name] = value, a dotted
+// name reaching into an object ("load_control.linger"). These are the
+// model's JSON fields a Caddyfile does not offer (docs/configuration.md).
+func Adapt(bin, caddyfile string, modelFields map[string]map[string]any) (string, error) {
+	dir, err := os.MkdirTemp("", "warden-adapt-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+		return "", err
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, "adapt", "--config", path, "--adapter", "caddyfile")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("caddy adapt: %v\n%s", err, stderr.Bytes())
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		return "", fmt.Errorf("caddy adapt wrote no JSON object: %v", err)
+	}
+	for model, fields := range modelFields {
+		m, ok := lookup(cfg, "apps", "warden", "models", model)
+		if !ok {
+			return "", fmt.Errorf("the Caddyfile declares no warden model %q", model)
+		}
+		for name, value := range fields {
+			path := strings.Split(name, ".")
+			parent := m
+			for _, key := range path[:len(path)-1] {
+				child, ok := parent[key].(map[string]any)
+				if !ok {
+					child = map[string]any{}
+					parent[key] = child
+				}
+				parent = child
+			}
+			parent[path[len(path)-1]] = value
+		}
+	}
+	data, err := json.Marshal(cfg)
+	return string(data), err
+}
+
+// lookup follows keys through nested JSON objects.
+func lookup(v map[string]any, keys ...string) (map[string]any, bool) {
+	for _, k := range keys {
+		next, ok := v[k].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		v = next
+	}
+	return v, true
+}
+
+// isJSON tells a JSON config from a Caddyfile, whose global block also
+// opens with a brace.
+func isJSON(config string) bool {
+	return strings.HasPrefix(strings.TrimSpace(config), "{") && json.Valid([]byte(config))
 }
 
 // StartIn is Start with Caddy's data directory (its storage: certificates,
 // locks, warden's pin snapshots) under dataDir, which is kept when Caddy
 // exits, so that the next Caddy started on it finds what this one left.
 // An empty dataDir is Start's temporary one.
-func StartIn(dataDir, bin, caddyfile, admin string, logw io.Writer) (*Process, error) {
+func StartIn(dataDir, bin, config, admin string, logw io.Writer) (*Process, error) {
 	dir, err := os.MkdirTemp("", "warden-caddy-")
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+	name, adapter := "Caddyfile", []string{"--adapter", "caddyfile"}
+	if isJSON(config) {
+		name, adapter = "caddy.json", nil
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		return nil, err
 	}
 	if logw == nil {
 		logw = io.Discard
 	}
-	cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
+	cmd := exec.Command(bin, append([]string{"run", "--config", path}, adapter...)...)
 	cmd.Stdout, cmd.Stderr = logw, logw
 	if dataDir == "" {
 		dataDir = dir
