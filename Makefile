@@ -34,7 +34,7 @@ BENCH_PROCESS_PKGS := ./e2e/... ./faults/... ./cmd/... ./clienttest/...
 # What only the bench may bring into a module graph.
 BENCH_ONLY_MODULES := gonum.org/v1/plot|chromedp|cdproto|hdrhistogram|progressbar
 
-.PHONY: all caddy xcaddy-check demo test vet modcheck pkgcheck bench clean
+.PHONY: all caddy xcaddy-check demo replicas test vet modcheck pkgcheck doccheck bench clean
 
 all: caddy
 
@@ -64,10 +64,24 @@ xcaddy-check: $(PINNED_XCADDY)
 demo:
 	$(GO) -C bench run ./cmd/wardenbench demo -out $(CURDIR)/wardenbench-demo
 
-vet: modcheck pkgcheck
+# The README's quick start without a GPU: two simulated vLLM replicas on its
+# ports, serving its model name with its context length, until interrupted.
+# They answer with placeholder text at an RTX A4000's speed (bench/vllmsim).
+QUICKSTART_SIM := --served-model-name qwen3-coder --max-model-len 65536 --num-gpu-blocks 8192 --output-len uniform:16:256
+replicas:
+	@mkdir -p $(BIN)
+	$(GO) -C bench build -o $(CURDIR)/$(BIN)/vllmsim ./cmd/vllmsim
+	$(BIN)/vllmsim --port 8001 $(QUICKSTART_SIM) & $(BIN)/vllmsim --port 8002 $(QUICKSTART_SIM); wait
+
+vet: modcheck pkgcheck doccheck
 	$(GO) vet ./...
 	$(GO) -C bench vet ./...
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+
+# The README stays under 300 lines, and every relative link of the user
+# docs resolves (to a file, and to a heading for a #fragment).
+doccheck:
+	$(GO) run ./internal/doccheck -max-readme-lines 300 README.md CHANGELOG.md docs/*.md
 
 # Every package is in one of the test lists above: one in none would have
 # its tests skipped by make test.

@@ -2,9 +2,12 @@ package caddymodule_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,25 +28,96 @@ func TestListModules(t *testing.T) {
 	}
 }
 
-// Every example Caddyfile adapts to JSON that Caddy accepts (validate
-// provisions every module, as run would, without binding ports).
-func TestExamplesAdaptAndValidate(t *testing.T) {
+// Every Caddyfile a user may copy, the examples and the caddyfile blocks of
+// the README and docs/, is formatted as `caddy fmt` writes it and is one
+// Caddy accepts (validate provisions every module, as run would, without
+// binding ports).
+func TestEveryCaddyfileFormattedAndValid(t *testing.T) {
 	files, _ := filepath.Glob("../examples/Caddyfile*")
 	if len(files) == 0 {
 		t.Fatal("no example Caddyfiles")
 	}
+	caddyfiles := map[string]string{}
 	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			adapted, err := exec.Command(caddyBin, "adapt", "--config", f).Output()
-			if err != nil {
-				t.Fatalf("adapt: %v", err)
-			}
-			path := filepath.Join(t.TempDir(), "caddy.json")
-			if err := os.WriteFile(path, adapted, 0o600); err != nil {
+		text, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caddyfiles[strings.TrimPrefix(f, "../")] = string(text)
+	}
+	docs, _ := filepath.Glob("../docs/*.md")
+	for _, doc := range append(docs, "../README.md") {
+		text, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, block := range fencedBlocks(string(text), "caddyfile") {
+			caddyfiles[fmt.Sprintf("%s, caddyfile block %d", strings.TrimPrefix(doc, "../"), i+1)] = block
+		}
+	}
+	for name, text := range caddyfiles {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "Caddyfile")
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			validate(t, path)
+			formatted, err := exec.Command(caddyBin, "fmt", path).Output()
+			if err != nil {
+				t.Fatalf("caddy fmt: %v", err)
+			}
+			if string(formatted) != text {
+				t.Errorf("not as caddy fmt writes it:\n%s", formatted)
+			}
+			validate(t, path, "--adapter", "caddyfile")
 		})
+	}
+}
+
+// The README's JSON is what `caddy adapt` makes of its Caddyfile (the
+// quick start's, examples/Caddyfile).
+func TestReadmeJSONIsTheAdaptedCaddyfile(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caddyfiles, jsons := fencedBlocks(string(readme), "caddyfile"), fencedBlocks(string(readme), "json")
+	if len(caddyfiles) == 0 || len(jsons) != 1 {
+		t.Fatalf("README has %d caddyfile and %d json blocks, want the quick start's pair", len(caddyfiles), len(jsons))
+	}
+	example, err := os.ReadFile("../examples/Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caddyfiles[0] != string(example) {
+		t.Errorf("the README's first Caddyfile is not examples/Caddyfile:\n%s", caddyfiles[0])
+	}
+	adapted, err := exec.Command(caddyBin, "adapt", "--config", "../examples/Caddyfile").Output()
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	var want, got any
+	if err := json.Unmarshal(adapted, &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(jsons[0]), &got); err != nil {
+		t.Fatalf("the README's JSON: %v", err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("the README's JSON is not what caddy adapt writes:\n%s", adapted)
+	}
+}
+
+// fencedBlocks are the contents of the text's ```lang blocks.
+func fencedBlocks(text, lang string) []string {
+	var out []string
+	for rest := text; ; {
+		_, after, ok := strings.Cut(rest, "```"+lang+"\n")
+		if !ok {
+			return out
+		}
+		block, tail, _ := strings.Cut(after, "```")
+		out = append(out, block)
+		rest = tail
 	}
 }
 
@@ -87,30 +161,12 @@ func TestCaddyfileErrors(t *testing.T) {
 	}
 }
 
-// The README's JSON config is one Caddy accepts.
-func TestReadmeJSONValidates(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(readme), "```json\n")
-	block, _, closed := strings.Cut(rest, "```")
-	if !ok || !closed {
-		t.Fatal("README has no json block")
-	}
-	path := filepath.Join(t.TempDir(), "caddy.json")
-	if err := os.WriteFile(path, []byte(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	validate(t, path)
-}
-
-// validate runs `caddy validate` on a JSON config: it provisions every
+// validate runs `caddy validate` on a config file: it provisions every
 // module, as run would, without binding ports.
-func validate(t *testing.T, path string) {
+func validate(t *testing.T, path string, args ...string) {
 	t.Helper()
 	home := t.TempDir()
-	cmd := exec.Command(caddyBin, "validate", "--config", path)
+	cmd := exec.Command(caddyBin, append([]string{"validate", "--config", path}, args...)...)
 	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME="+home, "XDG_CONFIG_HOME="+home)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("validate: %v\n%s", err, out)

@@ -62,9 +62,15 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 
 // serveChat runs one request: parse, tokenize, choose an engine, then relay its tokens.
 func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) {
+	refuse := func(status int, message string) {
+		api.writeError(w, status, message)
+		if s.cfg.OnRefuse != nil {
+			s.cfg.OnRefuse(Refused{Path: r.URL.Path, Status: status, Message: message})
+		}
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		api.writeError(w, http.StatusBadRequest, "cannot read body: "+err.Error())
+		refuse(http.StatusBadRequest, "cannot read body: "+err.Error())
 		return
 	}
 	req, err := api.parse(body)
@@ -73,11 +79,11 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 		if se, ok := errors.AsType[statusError](err); ok {
 			status = se.status
 		}
-		api.writeError(w, status, err.Error())
+		refuse(status, err.Error())
 		return
 	}
 	if req.model != "" && !s.cfg.servesModel(req.model) {
-		api.writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.model))
+		refuse(http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.model))
 		return
 	}
 	prompt := tokenizer.ChatTokens(req.system, req.messages)
@@ -88,19 +94,19 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 	}
 	switch {
 	case len(prompt) >= maxModelLen:
-		api.writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens.", maxModelLen, len(prompt)))
+		refuse(http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens.", maxModelLen, len(prompt)))
 		return
 	case maxTokens < 1:
-		api.writeError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens))
+		refuse(http.StatusBadRequest, fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens))
 		return
 	case len(prompt)+maxTokens > maxModelLen:
-		api.writeError(w, http.StatusBadRequest, fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+		refuse(http.StatusBadRequest, fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
 			maxTokens, maxModelLen, len(prompt), maxTokens, maxModelLen, len(prompt)))
 		return
 	}
 	rank, err := s.chooseRank(r)
 	if err != nil {
-		api.writeError(w, http.StatusBadRequest, err.Error())
+		refuse(http.StatusBadRequest, err.Error())
 		return
 	}
 	defer s.rankDone(rank)
@@ -120,7 +126,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 	runner := s.engines[rank]
 	c, err := runner.submit(engineReq)
 	if err != nil {
-		api.writeError(w, http.StatusBadRequest, err.Error())
+		refuse(http.StatusBadRequest, err.Error())
 		return
 	}
 	engineID := fmt.Sprintf("%s/%d", s.ID(), rank)

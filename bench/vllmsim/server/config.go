@@ -51,6 +51,17 @@ type Config struct {
 	// it must be safe for concurrent use). Tests use it to see which engine served what and
 	// what the client sent.
 	OnRequest func(Served)
+	// OnRefuse, if set, is called with every generation request the server answered with an
+	// error, as vLLM would (a model it does not serve, a prompt or max_tokens over
+	// --max-model-len, a malformed body), from the request's goroutine.
+	OnRefuse func(Refused)
+}
+
+// Refused is a generation request the server answered with an error.
+type Refused struct {
+	Path    string // the URL path
+	Status  int    // 404 for a model the server does not serve, else 400
+	Message string // the error's message, as in vLLM's answer
 }
 
 // Served is a generation request as the server accepted it.

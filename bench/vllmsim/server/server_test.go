@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -428,6 +429,56 @@ func TestRequestErrorsLookLikeVLLMs(t *testing.T) {
 		if r.status != tc.status || !strings.Contains(r.body, tc.want) {
 			t.Errorf("%s: status %d body %s; want %d containing %q", name, r.status, r.body, tc.status, tc.want)
 		}
+	}
+}
+
+// With --served-model-name, as vLLM, the server answers only the names it
+// serves, the model's own path included no longer: any other is a 404 in
+// each API's error format, which OnRefuse hears.
+func TestServesOnlyItsServedNames(t *testing.T) {
+	var refused []Refused
+	var mu sync.Mutex
+	s := startServer(t, func(c *Config) {
+		c.ServedModelNames = []string{"qwen3-coder", "coder"}
+		c.OnRefuse = func(r Refused) { mu.Lock(); refused = append(refused, r); mu.Unlock() }
+	})
+	chat := func(model string) map[string]any {
+		return map[string]any{"model": model, "max_tokens": 4, "messages": []tokenizer.Message{user("hi")}}
+	}
+	responses := func(model string) map[string]any {
+		return map[string]any{"model": model, "max_output_tokens": 4, "input": "hi"}
+	}
+	for _, c := range []struct {
+		path  string
+		body  map[string]any
+		error string // the error's JSON, "" for 200
+	}{
+		{"/v1/messages", chat("qwen3-coder"), ""},
+		{"/v1/chat/completions", chat("coder"), ""},
+		{"/v1/responses", responses("coder"), ""},
+		{"/v1/messages", chat("claude-sonnet-5"), `{"error":{"message":"The model ` + "`claude-sonnet-5`" + ` does not exist.","type":"not_found_error"},"type":"error"}`},
+		{"/v1/chat/completions", chat(DefaultModel), `{"error":{"code":404,"message":"The model ` + "`" + DefaultModel + "`" + ` does not exist.","param":null,"type":"NotFoundError"}}`},
+		{"/v1/responses", responses("gpt-5"), `{"error":{"code":404,"message":"The model ` + "`gpt-5`" + ` does not exist.","param":null,"type":"NotFoundError"}}`},
+	} {
+		r := post(t, s, c.path, c.body)
+		switch {
+		case c.error == "" && r.status != http.StatusOK:
+			t.Errorf("%s %v: %d %s, want 200", c.path, c.body["model"], r.status, r.body)
+		case c.error != "" && (r.status != http.StatusNotFound || strings.TrimSpace(r.body) != c.error):
+			t.Errorf("%s %v: %d %s, want 404 %s", c.path, c.body["model"], r.status, r.body, c.error)
+		}
+	}
+	var models struct {
+		Data []struct{ ID, Root string }
+	}
+	_, list := get(t, "http://"+s.Addr()+"/v1/models")
+	if err := json.Unmarshal([]byte(list), &models); err != nil || len(models.Data) != 2 || models.Data[0].ID != "qwen3-coder" || models.Data[1].ID != "coder" || models.Data[0].Root != DefaultModel {
+		t.Errorf("/v1/models lists %+v (%v), want qwen3-coder and coder, rooted at %s", models.Data, err, DefaultModel)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refused) != 3 || refused[0].Status != http.StatusNotFound || refused[0].Path != "/v1/messages" || !strings.Contains(refused[0].Message, "claude-sonnet-5") {
+		t.Errorf("OnRefuse heard %+v, want the three 404s", refused)
 	}
 }
 
