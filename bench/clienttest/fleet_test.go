@@ -134,6 +134,14 @@ http://%[4]s {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runFleet(t, bin, config, admin, site, rec)
+}
+
+// runFleet starts Caddy with config, which sets admin as its admin address and serves
+// site, for the test's duration, and waits until it proxies to a healthy replica. Its log
+// is printed if the test failed.
+func runFleet(t *testing.T, bin, config, admin, site string, rec *recorder) *fleet {
+	t.Helper()
 	log := &syncWriter{}
 	proc, err := caddyproc.Start(bin, config, admin, log)
 	if err != nil {

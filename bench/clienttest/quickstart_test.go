@@ -510,20 +510,7 @@ func startQuickStart(t *testing.T, qs quickStart, sims []server.Config) (*fleet,
 		t.Fatalf("the quick start's Caddyfile opens with no global options block:\n%s", caddyfile)
 	}
 	caddyfile = "{\n\tadmin " + admin + "\n" + global
-	log := &syncWriter{}
-	proc, err := caddyproc.Start(bin, caddyfile, admin, log)
-	if err != nil {
-		t.Fatalf("starting Caddy: %v\n%s", err, log.String())
-	}
-	t.Cleanup(func() {
-		_ = proc.Stop()
-		if t.Failed() {
-			t.Logf("Caddy's log:\n%s", log.String())
-		}
-	})
-	f := &fleet{url: "http://" + site, admin: admin, rec: rec, log: log}
-	f.waitReady(t)
-	return f, refused
+	return runFleet(t, bin, caddyfile, admin, site, rec), refused
 }
 
 // replaceOnce replaces old, which must occur once, in s.
