@@ -453,8 +453,12 @@ func TestQuickStart(t *testing.T) {
 	if err := getJSON("http://"+f.admin+"/warden/models/"+model, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Requests < uint64(len(clis)) || st.MaxNumSeqsSource != "vllm_default" {
-		t.Errorf("warden's model %s: %+v; want every request routed by warden, max_num_seqs vLLM's default", model, st)
+	source := "vllm_default" // the replicas are not Caddy's processes
+	if strings.Contains(qs.caddyfile, "max_num_seqs") {
+		source = "config"
+	}
+	if st.Requests < uint64(len(clis)) || st.MaxNumSeqsSource != source {
+		t.Errorf("warden's model %s: %+v; want every request routed by warden, max_num_seqs from %s", model, st, source)
 	}
 }
 
