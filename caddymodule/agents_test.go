@@ -14,7 +14,7 @@ import (
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
-// What each coding agent sends, as its sources show (see the README's client
+// What each coding agent sends, as its sources show (see docs/agents.md's client
 // table): the path, the headers and the body of turn n of conversation conv.
 // Bodies grow as the agents' do: the whole history every turn.
 type agentClient struct {

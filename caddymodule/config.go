@@ -53,7 +53,7 @@ type ModelConfig struct {
 	Subagents *bool `json:"subagents,omitempty"`
 	// Compaction places a conversation anew after the agent says it
 	// compacted it (default off: measured, it bought no cache and cost
-	// balance; docs/agents.md).
+	// balance; docs/research/agents.md).
 	Compaction *bool `json:"compaction,omitempty"`
 	// CompactionInterval is the least time between two placements of a
 	// conversation for compaction (default 1m): hints sooner are ignored.
@@ -168,7 +168,7 @@ type ProcessConfig struct {
 // defaultBodyScanBytes covers the head of the agents with the longest
 // prompts (Cline's system prompt alone is about 50 KB) with room for the
 // first message. Only requests no header names are read, and a scan stops
-// at the end of the head: see README, "How a conversation is keyed".
+// at the end of the head: see docs/agents.md.
 const defaultBodyScanBytes = 256 << 10
 
 // provision fills what process command lines say (the address from

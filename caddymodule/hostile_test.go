@@ -296,7 +296,7 @@ func TestMalformedBodiesPassIntact(t *testing.T) {
 	// estimates. When the last scrape before a 200 KB turn ended did not
 	// count it yet, its 200,000 "tokens" show up after, as if written since
 	// and enough to evict a 40,000-token cache: the conversation would be
-	// rehomed (docs/policy.md#rehoming). Without the prefix-cache counters
+	// rehomed (docs/research/policy.md#rehoming). Without the prefix-cache counters
 	// warden never judges a conversation cold.
 	a.fake.noPrefix, b.fake.noPrefix = true, true
 	f, _ := startRecordedFleet(t, caddySetup{}, a, b)

@@ -38,7 +38,7 @@ func header(kv ...string) http.Header {
 	return h
 }
 
-// What each agent sends, as its sources and captures show (see the README's
+// What each agent sends, as its sources and captures show (see docs/agents.md's
 // client table).
 func TestDefaultHeadersPerClient(t *testing.T) {
 	rules := NewRules(nil, true, true)
