@@ -31,7 +31,7 @@ var (
 	descRunning      = desc("replica_running_requests", "vllm:num_requests_running at the last scrape.", replicaLabels...)
 	descWaiting      = desc("replica_waiting_requests", "vllm:num_requests_waiting at the last scrape.", replicaLabels...)
 	descKV           = desc("replica_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc at the last scrape (0..1).", replicaLabels...)
-	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters (V0 servers: their own hit-rate gauge); no sample while unknown.", replicaLabels...)
+	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters (V0 servers: their own hit-rate gauge); no sample while unknown (no counters, or no query).", replicaLabels...)
 	descAffinity     = desc("affinity_enabled", "1 when the model pins sessions.", "model")
 	descThreshold    = desc("spill_threshold", "In-flight requests above which a pinned replica sheds a request.", "model")
 	descTypical      = desc("typical_prompt_tokens", "The requests' prompt size in tokens, estimated from their bodies and smoothed over about the last hundred; the auto spill threshold reads it. No sample before a request told its size.", "model")

@@ -59,9 +59,10 @@ type PanelStats struct {
 	Computed   []float64 `json:"computed_tokens_per_s"`
 	Generation []float64 `json:"generation_tokens_per_s"`
 	// HitShare is cached / (cached + computed) prompt tokens over the whole
-	// window, 0..1; 0 when no prompt token was counted; nil (JSON null) when
-	// no replica reports cached tokens (prompt_tokens_cached or prefix-cache
-	// hits). Steps without a cached count have 0 in both Cached and Computed.
+	// window, 0..1; nil (JSON null) when unknown: no replica reports cached
+	// tokens (prompt_tokens_cached or prefix-cache hits), or no prompt token
+	// was counted. Steps without a cached count have 0 in both Cached and
+	// Computed.
 	HitShare *float64 `json:"hit_share"`
 }
 
@@ -125,11 +126,10 @@ func hourStats(f *fleet.Model, now time.Time, step time.Duration) PanelStats {
 		out.Generation = append(out.Generation, roundRate(p.GenPerSec))
 	}
 	if rates, ok := f.Rates(now, fleet.HistoryRetention); ok && rates.CachedKnown {
-		share := 0.0
 		if split := rates.CachedPerSec + rates.ComputedPerSec; split > 0 {
-			share = min(rates.CachedPerSec/split, 1)
+			share := min(rates.CachedPerSec/split, 1)
+			out.HitShare = &share
 		}
-		out.HitShare = &share
 	}
 	return out
 }

@@ -40,7 +40,8 @@ type ModelStatus struct {
 	CompactionsIgnored  uint64  `json:"compactions_ignored"` // hints within compaction_interval of the last placement
 	// PrefixHitRate is the fleet's, over the last 5 minutes, from the
 	// replicas' prefix-cache counters (else the mean of their own V0 hit-rate
-	// gauges); nil (JSON null) when no replica publishes either.
+	// gauges); nil (JSON null) when no replica publishes either, or none
+	// counted a query in that window.
 	PrefixHitRate *float64        `json:"prefix_hit_rate"`
 	Since         time.Time       `json:"since"`
 	Replicas      []ReplicaStatus `json:"replicas"`
@@ -203,7 +204,8 @@ type ReplicaStatus struct {
 	MetricsKnown bool    `json:"metrics_known"`
 	// PrefixHitRate is over the last 5 minutes, 0..1, from the replica's
 	// prefix-cache counters (else its V0 engine's own hit-rate gauge); nil
-	// (JSON null) when it publishes neither, or before two scrapes of it.
+	// (JSON null) when it publishes neither, before two scrapes of it, or
+	// when it counted no query in that window.
 	PrefixHitRate  *float64 `json:"prefix_hit_rate"`
 	Healthy        bool     `json:"healthy"`
 	Health         string   `json:"health"`
@@ -369,8 +371,8 @@ func kvCapacity(configured int, load selection.Load) *int {
 	return nil
 }
 
-// knownRate is the prefix hit rate of rates, nil when unknown: no rates, or
-// no prefix-cache counters in them.
+// knownRate is the prefix hit rate of rates, nil when unknown: no rates, no
+// prefix-cache counters in them, or no query.
 func knownRate(rates metricsfeed.Rates, ok bool) *float64 {
 	if !ok {
 		return nil

@@ -18,6 +18,9 @@ type History struct {
 
 	mu     sync.Mutex
 	series map[Source]*counterRing
+	// lastAdd is when each target's latest scrape was taken: an engine
+	// first seen after it did not exist then.
+	lastAdd map[string]time.Time
 }
 
 // Source selects counters in a History: one engine of a target, or all of
@@ -33,9 +36,9 @@ const AllEngines = -1
 // WholeTarget selects every engine of a target.
 func WholeTarget(target string) Source { return Source{Target: target, Engine: AllEngines} }
 
-// Rates are token rates and prefix-cache deltas over a window. Counter
-// resets (a restarted server) count the value after the reset as the
-// increase, so rates are never negative.
+// Rates are token rates and prefix-cache deltas over a window. A counter
+// that appears or starts again (a restarted server) counts from zero (see
+// pairIncrease), so rates are never negative.
 //
 // A counter an engine does not publish is unknown, not zero. An engine that
 // publishes neither prompt_tokens_cached nor prefix-cache hits cannot split
@@ -54,15 +57,12 @@ type Rates struct {
 	PrefixKnown    bool    `json:"prefix_known"`
 }
 
-// HitRate is the prefix-cache hit rate over the window (hits / queries), 0
-// when there was no query. ok is false when no engine published the
-// prefix-cache counters: the rate is unknown, which is not 0.
+// HitRate is the prefix-cache hit rate over the window (hits / queries).
+// ok is false when it is unknown, which is not 0: no engine published the
+// prefix-cache counters, or there was no query in the window.
 func (r Rates) HitRate() (rate float64, ok bool) {
-	if !r.PrefixKnown {
+	if !r.PrefixKnown || r.PrefixQueries <= 0 {
 		return 0, false
-	}
-	if r.PrefixQueries <= 0 {
-		return 0, true
 	}
 	return r.PrefixHits / r.PrefixQueries, true
 }
@@ -86,7 +86,7 @@ func NewHistory(retention, interval time.Duration) *History {
 	if interval > 0 {
 		capacity = max(capacity, int((retention+interval-1)/interval)+1)
 	}
-	return &History{capacity: capacity, series: map[Source]*counterRing{}}
+	return &History{capacity: capacity, series: map[Source]*counterRing{}, lastAdd: map[string]time.Time{}}
 }
 
 // Capacity is the number of samples kept per target and engine.
@@ -97,20 +97,34 @@ func (h *History) Capacity() int { return h.capacity }
 func (h *History) Add(target string, at time.Time, s Scrape) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	last, seen := h.lastAdd[target]
+	if !at.After(last) {
+		return
+	}
+	h.lastAdd[target] = at
 	for _, e := range s.Engines {
 		key := Source{Target: target, Engine: e.Engine}
 		ring := h.series[key]
 		if ring == nil {
 			ring = &counterRing{limit: h.capacity}
 			h.series[key] = ring
+			if seen {
+				// The target's previous scrape had no such engine: its
+				// counters started since, from zero.
+				ring.add(counterSample{at: last})
+			}
 		}
-		ring.add(counterSample{at: at, present: e.Present, reportedHitRate: e.ReportedHitRate, counters: [numCounters]float64{
+		sample := counterSample{at: at, present: e.Present, processStart: s.ProcessStart, reportedHitRate: e.ReportedHitRate, counters: [numCounters]float64{
 			prefixQueries:      e.PrefixQueries,
 			prefixHits:         e.PrefixHits,
 			promptTokens:       e.PromptTokens,
 			promptTokensCached: e.PromptTokensCached,
 			generationTokens:   e.GenerationTokens,
-		}})
+		}}
+		for i, f := range counterFields {
+			sample.created[i] = e.Created(f)
+		}
+		ring.add(sample)
 	}
 }
 
@@ -119,6 +133,7 @@ func (h *History) Forget(target string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	maps.DeleteFunc(h.series, func(k Source, _ *counterRing) bool { return k.Target == target })
+	delete(h.lastAdd, target)
 }
 
 // Rates sums the rates of the selected engines over the samples taken in
@@ -279,7 +294,9 @@ type counterSample struct {
 	at              time.Time
 	present         Field
 	counters        [numCounters]float64
-	reportedHitRate float64 // the V0 engine's own gauge, when present has it
+	created         [numCounters]float64 // EngineStats.Created, 0 when unknown
+	processStart    float64              // Scrape.ProcessStart, 0 when unknown
+	reportedHitRate float64              // the V0 engine's own gauge, when present has it
 }
 
 // counterRing holds the latest samples of one engine, oldest overwritten.
@@ -349,34 +366,49 @@ func (a increase) perSecond(span time.Duration) increase {
 	}
 }
 
-// pairIncrease is what an engine's counters gained from prev to cur. A
-// counter missing from either sample gained nothing; one that went down was
-// reset, and its new value is what it gained since. Without a cached count
-// (prompt_tokens_cached, else prefix-cache hits) the prompt tokens cannot be
-// split, and count as neither cached nor computed.
+// pairIncrease is what an engine's counters gained from prev to cur.
+//
+// A counter counts from zero, its whole value at cur being the gain, when
+// the exposition says it is new: it was absent at prev (a server lists
+// every series it has, so one created at first use, or after a restart,
+// appeared since), or the engine restarted in between (a counter went
+// back, a counter's _created time or the process start time changed).
+// Otherwise the gain is the difference. This is Prometheus' increase() with
+// created timestamps; a series present at warden's first scrape counts from
+// that first value, as nothing says how much of it is recent. A counter
+// missing from cur gained nothing. Without a cached count
+// (prompt_tokens_cached, else prefix-cache hits) the prompt tokens cannot
+// be split, and count as neither cached nor computed.
 func pairIncrease(prev, cur counterSample) increase {
+	restarted := prev.processStart != 0 && cur.processStart != 0 && prev.processStart != cur.processStart
+	for i, f := range counterFields {
+		if prev.present&cur.present&f == 0 {
+			continue
+		}
+		recreated := prev.created[i] != 0 && cur.created[i] != 0 && prev.created[i] != cur.created[i]
+		restarted = restarted || recreated || cur.counters[i] < prev.counters[i]
+	}
 	gained := func(i int) float64 {
 		f := counterFields[i]
-		if prev.present&f == 0 || cur.present&f == 0 {
+		switch {
+		case cur.present&f == 0:
 			return 0
-		}
-		if cur.counters[i] < prev.counters[i] {
+		case prev.present&f == 0 || restarted:
 			return cur.counters[i]
 		}
 		return cur.counters[i] - prev.counters[i]
 	}
-	both := prev.present & cur.present
 	inc := increase{
 		prompt:      gained(promptTokens),
 		generation:  gained(generationTokens),
 		queries:     gained(prefixQueries),
 		hits:        gained(prefixHits),
-		prefixKnown: both&PrefixFields == PrefixFields,
+		prefixKnown: cur.present&PrefixFields == PrefixFields,
 	}
 	switch {
-	case both&FieldPromptTokensCached != 0:
+	case cur.present&FieldPromptTokensCached != 0:
 		inc.cached, inc.cachedKnown = gained(promptTokensCached), true
-	case both&FieldPrefixHits != 0:
+	case cur.present&FieldPrefixHits != 0:
 		inc.cached, inc.cachedKnown = inc.hits, true
 	default:
 		return inc

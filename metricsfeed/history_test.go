@@ -3,6 +3,7 @@ package metricsfeed
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 	"testing"
 	"time"
@@ -260,5 +261,100 @@ func TestHistoryGrowsWithSamplesNotAhead(t *testing.T) {
 	if len(h.series) != MaxEngines || room > 4*MaxEngines {
 		t.Errorf("two scrapes of %d ranks: %d rings with room for %d samples, want %d rings and room for a few samples each (an hour is %d)",
 			MaxEngines, len(h.series), room, MaxEngines, h.Capacity())
+	}
+}
+
+// prefixSample is one engine's prefix-cache counters; the counters named
+// in created carry that creation time.
+func prefixSample(queries, hits float64) EngineStats {
+	return EngineStats{Present: LoadFields | PrefixFields, PrefixQueries: queries, PrefixHits: hits}
+}
+
+// withCreated gives e's prefix-cache counters a creation time.
+func withCreated(e EngineStats, at float64) EngineStats {
+	for _, f := range []Field{FieldPrefixQueries, FieldPrefixHits} {
+		e.created[bits.TrailingZeros16(uint16(f))] = at
+	}
+	return e
+}
+
+// A counter that appears, or starts again, counts from zero; one present
+// at the first scrape counts from there.
+func TestCountersThatAppearCountFromZero(t *testing.T) {
+	gauges := EngineStats{Present: LoadFields}
+	cases := []struct {
+		name    string
+		scrapes []Scrape
+		// the engine's own counts over the scrapes after the first
+		queries, hits float64
+	}{{
+		name:    "series created at first use",
+		scrapes: []Scrape{{Engines: []EngineStats{gauges}}, {Engines: []EngineStats{prefixSample(8000, 0)}}, {Engines: []EngineStats{prefixSample(16400, 8000)}}},
+		queries: 16400, hits: 8000,
+	}, {
+		name: "restart, then series created at first use",
+		scrapes: []Scrape{{Engines: []EngineStats{prefixSample(1000, 600)}}, {Engines: []EngineStats{prefixSample(2000, 1500)}},
+			{Engines: []EngineStats{gauges}}, {Engines: []EngineStats{prefixSample(8000, 0)}}},
+		queries: 1000 + 8000, hits: 900,
+	}, {
+		name: "restart between scrapes: counters went back",
+		scrapes: []Scrape{{Engines: []EngineStats{prefixSample(10000, 6000)}}, {Engines: []EngineStats{prefixSample(8000, 0)}},
+			{Engines: []EngineStats{prefixSample(16400, 8000)}}},
+		queries: 16400, hits: 8000,
+	}, {
+		name:    "restart between scrapes: one counter went back, the other did not",
+		scrapes: []Scrape{{Engines: []EngineStats{prefixSample(10000, 500)}}, {Engines: []EngineStats{prefixSample(8000, 600)}}},
+		queries: 8000, hits: 600,
+	}, {
+		name: "restart between scrapes, counters past their old values: _created changed",
+		scrapes: []Scrape{{Engines: []EngineStats{withCreated(prefixSample(1000, 0), 100)}},
+			{Engines: []EngineStats{withCreated(prefixSample(16400, 8000), 200)}}},
+		queries: 16400, hits: 8000,
+	}, {
+		name: "restart between scrapes, counters past their old values: process start changed",
+		scrapes: []Scrape{{ProcessStart: 100, Engines: []EngineStats{prefixSample(1000, 0)}},
+			{ProcessStart: 200, Engines: []EngineStats{prefixSample(16400, 8000)}}},
+		queries: 16400, hits: 8000,
+	}, {
+		name: "same process and series: the difference",
+		scrapes: []Scrape{{ProcessStart: 100, Engines: []EngineStats{withCreated(prefixSample(1000, 0), 100)}},
+			{ProcessStart: 100, Engines: []EngineStats{withCreated(prefixSample(16400, 8000), 100)}}},
+		queries: 15400, hits: 8000,
+	}, {
+		name:    "present at the first scrape: counted from that value",
+		scrapes: []Scrape{{Engines: []EngineStats{prefixSample(8000, 0)}}, {Engines: []EngineStats{prefixSample(16400, 8000)}}},
+		queries: 8400, hits: 8000,
+	}, {
+		name: "an engine the target's previous scrape did not list",
+		scrapes: []Scrape{{Engines: []EngineStats{gauges}},
+			{Engines: []EngineStats{gauges, {Engine: 1, Present: PrefixFields, PrefixQueries: 8000}}}},
+		queries: 8000, hits: 0,
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := NewHistory(time.Hour, time.Second)
+			for i, s := range tc.scrapes {
+				h.Add("a", t0.Add(time.Duration(i)*time.Second), s)
+			}
+			r, ok := h.Rates(t0.Add(time.Hour), 2*time.Hour, WholeTarget("a"))
+			if !ok || !r.PrefixKnown || r.PrefixQueries != tc.queries || r.PrefixHits != tc.hits {
+				t.Errorf("queries %v, hits %v (ok %v, known %v); the engine counted %v, %v", r.PrefixQueries, r.PrefixHits, ok, r.PrefixKnown, tc.queries, tc.hits)
+			}
+		})
+	}
+}
+
+// A replica with prefix-cache counters but no query in the window has an
+// unknown hit rate, not 0.
+func TestIdleHitRateIsUnknown(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	h.Add("a", t0, Scrape{Engines: []EngineStats{prefixSample(8000, 6000)}})
+	h.Add("a", t0.Add(time.Second), Scrape{Engines: []EngineStats{prefixSample(8000, 6000)}})
+	r, ok := h.Rates(t0.Add(time.Second), time.Minute, WholeTarget("a"))
+	if !ok || !r.PrefixKnown {
+		t.Fatalf("rates ok %v, prefix counters known %v", ok, r.PrefixKnown)
+	}
+	if hr, known := r.HitRate(); known {
+		t.Errorf("hit rate %v known without a query", hr)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,7 +80,17 @@ type EngineStats struct {
 	NumGPUBlocks int `json:"num_gpu_blocks"` // KV blocks on the GPU, from cache_config_info
 
 	Present Field `json:"present"`
+
+	// created holds Created's times, indexed by the field's bit.
+	created [16]float64
 }
+
+// Created is when the server created counter f's series (Unix seconds, by
+// its own clock), from the <name>_created sample Python's prometheus_client
+// publishes beside each counter; 0 when the exposition does not say, or
+// when the counter sums several series. A changed time means the counter
+// started again from zero.
+func (e EngineStats) Created(f Field) float64 { return e.created[bits.TrailingZeros16(uint16(f))] }
 
 // Has reports whether every field in f was present in the scrape.
 func (e EngineStats) Has(f Field) bool { return e.Present&f == f }
@@ -87,6 +98,10 @@ func (e EngineStats) Has(f Field) bool { return e.Present&f == f }
 // Scrape is one parsed /metrics body: one entry per engine, sorted by rank.
 type Scrape struct {
 	Engines []EngineStats `json:"engines"`
+	// ProcessStart is the server process's start time (Unix seconds), from
+	// process_start_time_seconds, which Python's and Go's Prometheus clients
+	// publish; 0 when absent. A changed value means the server restarted.
+	ProcessStart float64 `json:"process_start,omitempty"`
 }
 
 // Engine returns the stats of the engine with the given DP rank.
@@ -222,7 +237,10 @@ func setReportedHitRate(e *EngineStats, v float64) error {
 	return nil
 }
 
-const cacheConfigInfo = "vllm:cache_config_info"
+const (
+	cacheConfigInfo  = "vllm:cache_config_info"
+	processStartTime = "process_start_time_seconds"
+)
 
 // Parse reads a Prometheus text exposition from a vLLM server and returns its
 // per-engine stats. It returns an error, and no partial result, when the text
@@ -268,6 +286,9 @@ func Parse(r io.Reader) (Scrape, error) {
 				}
 			}
 		}
+		if spec.kind == counter {
+			readCreated(spec, source, families)
+		}
 	}
 	if !found {
 		return Scrape{}, ErrNoVLLMSeries
@@ -288,6 +309,11 @@ func Parse(r io.Reader) (Scrape, error) {
 	}
 
 	scrape := Scrape{Engines: make([]EngineStats, 0, len(engines))}
+	if family := families[processStartTime]; family != nil && len(family.GetMetric()) == 1 {
+		if v, ok := sampleValue(family.GetMetric()[0]); ok && v > 0 && !math.IsInf(v, 0) {
+			scrape.ProcessStart = v
+		}
+	}
 	for _, e := range engines {
 		scrape.Engines = append(scrape.Engines, *e)
 	}
@@ -329,6 +355,39 @@ func applySample(spec seriesSpec, nameIndex int, source map[*EngineStats]int, m 
 	source[e] = nameIndex
 	e.Present |= spec.field
 	return nil
+}
+
+// readCreated fills the Created time of spec's counter for each engine in
+// source, from the _created family of the name that gave the engine its
+// value: prometheus_client names it after the counter without _total
+// (vllm:prompt_tokens_total, vllm:prompt_tokens_created). An engine with
+// several series of the counter (summed over extra labels) or an invalid
+// time gets none: a creation time is a hint, not a reason to refuse a scrape.
+func readCreated(spec seriesSpec, source map[*EngineStats]int, families map[string]*dto.MetricFamily) {
+	for e, nameIndex := range source {
+		name := spec.names[nameIndex]
+		if len(engineSamples(families[name], e.Engine)) != 1 {
+			continue
+		}
+		created := engineSamples(families[strings.TrimSuffix(name, "_total")+"_created"], e.Engine)
+		if len(created) != 1 {
+			continue
+		}
+		if v, ok := sampleValue(created[0]); ok && v > 0 && !math.IsInf(v, 0) {
+			e.created[bits.TrailingZeros16(uint16(spec.field))] = v
+		}
+	}
+}
+
+// engineSamples are the samples of family for the engine of the given rank.
+func engineSamples(family *dto.MetricFamily, rank int) []*dto.Metric {
+	var out []*dto.Metric
+	for _, m := range family.GetMetric() {
+		if r, err := engineRank(m); err == nil && r == rank {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func sampleValue(m *dto.Metric) (float64, bool) {

@@ -45,10 +45,28 @@ func TestParseTwoEngines(t *testing.T) {
 		FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks
 	for i, got := range s.Engines {
 		want[i].Present = allFields
-		if got != want[i] {
+		if withoutCreated(got) != want[i] {
 			t.Errorf("engine %d:\n got %+v\nwant %+v", i, got, want[i])
 		}
+		// prometheus_client's _created samples, for the counters that are
+		// one series an engine; request_success sums three.
+		for _, f := range []Field{FieldPrefixQueries, FieldPrefixHits, FieldPromptTokens, FieldGenerationTokens} {
+			if c := got.Created(f); c != 1.7601e9 {
+				t.Errorf("engine %d: counter %b created at %v, want 1.7601e9", i, f, c)
+			}
+		}
+		for _, f := range []Field{FieldPromptTokensCached, FieldRequestSuccess, FieldRunning} {
+			if c := got.Created(f); c != 0 {
+				t.Errorf("engine %d: field %b created at %v, want unknown", i, f, c)
+			}
+		}
 	}
+}
+
+// withoutCreated is e without its counters' creation times.
+func withoutCreated(e EngineStats) EngineStats {
+	e.created = [len(e.created)]float64{}
+	return e
 }
 
 func TestParseLegacyGaugeNameAndNoEngineLabel(t *testing.T) {
@@ -141,7 +159,7 @@ func TestParseNameVariants(t *testing.T) {
 			if len(s.Engines) != 1 {
 				t.Fatalf("got %d engines, want 1: %+v", len(s.Engines), s.Engines)
 			}
-			if got := s.Engines[0]; got != tc.want {
+			if got := withoutCreated(s.Engines[0]); got != tc.want {
 				t.Errorf("\n got %+v\nwant %+v", got, tc.want)
 			}
 		})
@@ -299,5 +317,17 @@ func BenchmarkParseTwoEngines(b *testing.B) {
 		if _, err := Parse(strings.NewReader(string(body))); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The process start time tells a restart; a body without it says nothing.
+func TestParseProcessStart(t *testing.T) {
+	body := "vllm:num_requests_running{engine=\"0\"} 1\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.76012345e+09\n"
+	s, err := Parse(strings.NewReader(body))
+	if err != nil || s.ProcessStart != 1.76012345e9 {
+		t.Errorf("process start %v (%v), want 1.76012345e9", s.ProcessStart, err)
+	}
+	if s := parseFile(t, "llmd_sim_no_total.txt"); s.ProcessStart != 0 {
+		t.Errorf("process start %v from a body without it", s.ProcessStart)
 	}
 }

@@ -66,7 +66,7 @@
     ["running", "Running", (r) => (r.metrics_known ? number(r.running) : "–")],
     ["waiting", "Waiting", (r) => (r.metrics_known ? number(r.waiting) : "–")],
     ["kv_used", "KV used", (r) => (r.metrics_known ? percent(r.kv_used) : "–")],
-    ["prefix_hit_rate", "Prefix hits (5 min)", (r) => orUnknown(r.prefix_hit_rate), (r) => (r.prefix_hit_rate === null ? "unknown: no prefix-cache counters from this replica (yet)" : "")],
+    ["prefix_hit_rate", "Prefix hits (5 min)", (r) => orUnknown(r.prefix_hit_rate), (r) => (r.prefix_hit_rate === null ? "unknown: no prefix-cache query counted in the last 5 minutes, or no prefix-cache counters from this replica" : "")],
     ["healthy", "Healthy", (r) => (r.healthy ? "yes" : "no"), (r) => r.health, (r) => (r.healthy ? "good" : "bad")],
     ["sessions", "Conversations", (r) => integer(r.sessions)],
     ["active_sessions", "Active", (r) => integer(r.active_sessions), () => "conversations that sent a request lately"],
