@@ -60,7 +60,11 @@ func TestOpenDoesNoIOAndChecksOptions(t *testing.T) {
 		}
 	}()
 	s := open(t, ln.Addr().String(), nil)
-	time.Sleep(50 * time.Millisecond)
+	// go-redis dials only for a command (no idle connections are kept
+	// warm), so an empty pool after Open means it did no I/O.
+	if st := s.rdb.PoolStats(); st.TotalConns != 0 || st.Misses != 0 {
+		t.Fatalf("Open dialled: pool %+v", st)
+	}
 	select {
 	case <-accepted:
 		t.Fatal("Open connected")
@@ -186,10 +190,18 @@ func TestRepinMessageReachesOtherInstance(t *testing.T) {
 	if st := b.Status(); st.Adopted != 1 {
 		t.Fatalf("b adopted %d", st.Adopted)
 	}
-	// a skips its own message (adopting it would be harmless, but it is no adoption).
-	time.Sleep(100 * time.Millisecond)
-	if st := a.Status(); st.Adopted != 0 {
-		t.Fatalf("a adopted its own re-pin: %d", st.Adopted)
+	// a skips its own message (adopting it would be harmless, but it is no
+	// adoption). b's re-pin, published after it, reaches a after it.
+	la.use(8, "r1")
+	if _, ok := b.Claim(8, "r1"); !ok {
+		t.Fatal("claim")
+	}
+	if p, ok := b.Repin(8, "r1", "r2"); !ok || p != "r2" {
+		t.Fatalf("b's repin: %q %v", p, ok)
+	}
+	eventually(t, 5*time.Second, "a adopts b's re-pin", func() bool { return la.get(8) == "r2" })
+	if st := a.Status(); st.Adopted != 1 || la.get(7) != "r1" {
+		t.Fatalf("a adopted %d re-pins, holds %q for its own: its own was adopted", st.Adopted, la.get(7))
 	}
 }
 
@@ -210,9 +222,14 @@ func TestClaimMessageTeachesOtherInstance(t *testing.T) {
 	if p, ok := b.Claim(9, "r1"); !ok || p != "r2" { // lost: adopts, publishes nothing
 		t.Fatalf("b's claim: %q %v", p, ok)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if la.get(9) != "r2" || a.Status().Adopted != 0 || b.Status().Adopted != 1 {
-		t.Fatalf("a holds %q, adopted a %d b %d", la.get(9), a.Status().Adopted, b.Status().Adopted)
+	// b's next won claim, published after the lost one, reaches a after it.
+	lb.use(10, "r1")
+	if p, ok := b.Claim(10, "r1"); !ok || p != "r1" {
+		t.Fatalf("b's claim of another: %q %v", p, ok)
+	}
+	eventually(t, 5*time.Second, "a learns b's claim", func() bool { return la.get(10) == "r1" })
+	if la.get(9) != "r2" || a.Status().Adopted != 1 || b.Status().Adopted != 1 {
+		t.Fatalf("a holds %q, adopted a %d (want only b's won claim) b %d", la.get(9), a.Status().Adopted, b.Status().Adopted)
 	}
 }
 
@@ -226,7 +243,6 @@ func TestOpenBreakerMakesNoCall(t *testing.T) {
 	}
 	s.brk.failure("test", true)
 	before := info(t, srv, "stats", "total_commands_processed")
-	start := time.Now()
 	for i := range 100 {
 		if _, ok := s.Claim(uint64(i), "a"); ok {
 			t.Fatal("claim answered with the breaker open")
@@ -235,7 +251,6 @@ func TestOpenBreakerMakesNoCall(t *testing.T) {
 			t.Fatal("repin answered with the breaker open")
 		}
 	}
-	elapsed := time.Since(start)
 	// The INFO command itself is the only one processed in between.
 	if after := info(t, srv, "stats", "total_commands_processed"); after != before+1 {
 		t.Fatalf("commands processed while open: %d", after-before-1)
@@ -243,14 +258,11 @@ func TestOpenBreakerMakesNoCall(t *testing.T) {
 	if obs.get("claim skipped") != 100 || obs.get("repin skipped") != 100 || s.Status().Skipped != 200 {
 		t.Fatalf("observed %v, status %+v", obs.n, s.Status())
 	}
-	if elapsed > 100*time.Millisecond {
-		t.Fatalf("200 skipped calls took %v", elapsed)
-	}
 }
 
 // A Redis that accepts connections and never answers: the first call
-// times out within about Timeout and opens the breaker; the next ones do
-// not wait.
+// times out (it returns at all) and opens the breaker; the next ones make
+// no call.
 func TestTimeoutOpensBreaker(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -280,12 +292,8 @@ func TestTimeoutOpensBreaker(t *testing.T) {
 	var obs observed
 	const timeout = 100 * time.Millisecond
 	s := open(t, ln.Addr().String(), func(c *Config, o *Options) { c.Timeout = timeout; o.Observe = obs.hook })
-	start := time.Now()
 	if _, ok := s.Claim(1, "a"); ok {
 		t.Fatal("answered")
-	}
-	if d := time.Since(start); d > timeout+400*time.Millisecond {
-		t.Fatalf("timed-out claim took %v", d)
 	}
 	if obs.get("claim timeout") != 1 {
 		t.Fatalf("observed %v", obs.n)
@@ -294,12 +302,11 @@ func TestTimeoutOpensBreaker(t *testing.T) {
 	if st.Up || st.DownSince == nil || st.Errors != 1 {
 		t.Fatalf("status %+v", st)
 	}
-	start = time.Now()
 	if _, ok := s.Repin(1, "a", "b"); ok {
 		t.Fatal("answered")
 	}
-	if d := time.Since(start); d > 10*time.Millisecond {
-		t.Fatalf("repin with the breaker open took %v", d)
+	if obs.get("repin skipped") != 1 || obs.get("repin timeout") != 0 || s.Status().Skipped != 1 {
+		t.Fatalf("repin with the breaker open: observed %v, status %+v", obs.n, s.Status())
 	}
 }
 
@@ -622,11 +629,11 @@ func TestIdlePinsLeaveIndex(t *testing.T) {
 	for k := range uint64(20) {
 		s.Claim(k, "r")
 	}
-	time.Sleep(400 * time.Millisecond)
-	s.Claim(100, "r")
-	if got := atoi(t, srv.Do("ZCARD", "warden:m:pins")); got != 1 {
-		t.Fatalf("index holds %d after the others idled out", got)
-	}
+	// Each claim trims the index of the pins idle past the TTL.
+	eventually(t, 10*time.Second, "the index holds only the newest pin", func() bool {
+		s.Claim(100, "r")
+		return atoi(t, srv.Do("ZCARD", "warden:m:pins")) == 1
+	})
 }
 
 // spread turns i into a well-spread 64-bit key, as selection.HashKey would.

@@ -102,7 +102,7 @@ func grandchildMain(args []string) {
 	handleTerm("grandchild", *ignoreTerm)
 	// Reported only now, so that tests know SIGTERM is handled.
 	fmt.Printf("grandchild pid=%d\n", os.Getpid())
-	time.Sleep(time.Hour)
+	select {} // until a signal ends it
 }
 
 // handleTerm makes SIGTERM visible in the output: the process says it got it,
@@ -142,5 +142,5 @@ func supervisorMain(args []string) {
 		os.Exit(1)
 	}
 	sup.Start()
-	time.Sleep(time.Hour)
+	select {} // until a signal ends it
 }

@@ -79,6 +79,9 @@ type Options struct {
 	OutputDrain time.Duration
 	// MaxLineBytes cuts longer output lines into pieces. Default 16 KiB.
 	MaxLineBytes int
+	// Now reads the clock that states' times and BackoffReset are measured
+	// on. Default time.Now; the waits themselves are real time.
+	Now func() time.Time
 }
 
 var defaultHealthClient = &http.Client{
@@ -93,6 +96,9 @@ func (o *Options) fillDefaults() error {
 	}
 	if o.HTTPClient == nil {
 		o.HTTPClient = defaultHealthClient
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	setDefault(&o.HealthInterval, time.Second)
 	setDefault(&o.BackoffMin, time.Second)
@@ -170,7 +176,7 @@ func New(spec Spec, opts Options) (*Supervisor, error) {
 		opts:       opts,
 		killNow:    make(chan struct{}),
 		done:       make(chan struct{}),
-		state:      State{State: Stopped, Since: time.Now()},
+		state:      State{State: Stopped, Since: opts.Now()},
 	}
 	s.stopCtx, s.requestStop = context.WithCancel(context.Background())
 	s.SetCallbacks(opts.OnOutput, opts.OnState)
@@ -282,7 +288,7 @@ func (s *Supervisor) runOnce() (stayedReady bool) {
 	ready, failure := s.awaitReady(p)
 	var readyAt time.Time
 	if ready {
-		readyAt = time.Now()
+		readyAt = s.opts.Now()
 		s.enter(Ready, nil)
 		select {
 		case <-p.exited:
@@ -300,14 +306,14 @@ func (s *Supervisor) runOnce() (stayedReady bool) {
 		s.stopGroup(p)
 		s.enterExited(p, failure)
 	}
-	return ready && time.Since(readyAt) >= s.opts.BackoffReset
+	return ready && s.opts.Now().Sub(readyAt) >= s.opts.BackoffReset
 }
 
 // enter moves to phase, applies edit to the new state and reports it.
 func (s *Supervisor) enter(phase Phase, edit func(*State)) {
 	s.mu.Lock()
 	s.state.State = phase
-	s.state.Since = time.Now()
+	s.state.Since = s.opts.Now()
 	s.state.NextRestart = time.Time{}
 	if edit != nil {
 		edit(&s.state)

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -310,16 +311,36 @@ func TestChildThatExitsAtOnceBacksOff(t *testing.T) {
 	}
 }
 
+// manualClock is a clock that moves only when the test says.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 func TestBackoffResetsAfterAStableRun(t *testing.T) {
 	rec := &recorder{}
 	opts := rec.options()
 	opts.BackoffReset = 300 * time.Millisecond
+	clock := &manualClock{now: time.Now()}
+	opts.Now = clock.Now
 	sup := startSupervisor(t, childSpec(t), opts)
 
 	kills := 0
 	killWhenReady := func(stayReady time.Duration) {
 		st := waitForState(t, sup, "ready", isReady)
-		time.Sleep(stayReady)
+		clock.advance(stayReady)
 		if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -376,9 +397,8 @@ func TestStopSendsTermThenKillToTheGroup(t *testing.T) {
 	ready := waitForState(t, sup, "ready", isReady)
 	waitFor(t, "the grandchild's PID", func() bool { return len(rec.grandchildPIDs()) == 1 })
 
-	took := stop(t, sup)
-	if took < grace || took > grace+2*time.Second {
-		t.Errorf("Stop took %v with a %v grace period", took, grace)
+	if took := stop(t, sup); took < grace {
+		t.Errorf("Stop took %v with a %v grace period: SIGKILL came early", took, grace)
 	}
 	for _, who := range []string{"child", "grandchild"} {
 		if !rec.hasLine(Stdout, who+" ignores SIGTERM") {
@@ -395,16 +415,19 @@ func TestStopSendsTermThenKillToTheGroup(t *testing.T) {
 	waitGone(t, ready.PID, rec.grandchildPIDs()[0])
 }
 
+// A group that exits on SIGTERM ends Stop: the grace period (an hour, far
+// beyond the test's time) is not waited out, and no SIGKILL is sent.
 func TestStopWaitsNoLongerThanTheGroupNeeds(t *testing.T) {
 	rec := &recorder{}
 	spec := childSpec(t, "--grandchild")
-	spec.StopGrace = time.Minute
+	spec.StopGrace = time.Hour
 	sup := startSupervisor(t, spec, rec.options())
 	ready := waitForState(t, sup, "ready", isReady)
 	waitFor(t, "the grandchild's PID", func() bool { return len(rec.grandchildPIDs()) == 1 })
 
-	if took := stop(t, sup); took > 2*time.Second {
-		t.Errorf("Stop took %v though the group exits on SIGTERM", took)
+	stop(t, sup)
+	if exited := rec.statesIn(Exited); len(exited) != 1 || *exited[0].ExitCode == 137 {
+		t.Errorf("exited states %+v, want one ended by SIGTERM", exited)
 	}
 	for _, who := range []string{"child", "grandchild"} {
 		if !rec.hasLine(Stdout, who+" got SIGTERM") {
@@ -426,9 +449,7 @@ func TestStopContextEndingSendsKillAtOnce(t *testing.T) {
 	if err := sup.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop = %v, want the context's deadline", err)
 	}
-	if took := stop(t, sup); took > 2*time.Second {
-		t.Errorf("the second Stop took %v after SIGKILL", took)
-	}
+	stop(t, sup) // returns although the grace period is an hour: SIGKILL was sent
 	if exited := rec.statesIn(Exited); len(exited) != 1 || *exited[0].ExitCode != 137 {
 		t.Errorf("exited states %+v, want SIGKILL", exited)
 	}
@@ -448,8 +469,8 @@ func TestEscapedProcessDoesNotHoldStop(t *testing.T) {
 	t.Cleanup(func() { syscall.Kill(escaped, syscall.SIGKILL) })
 
 	// The escaped process keeps the output pipes open: Stop gives up on them
-	// after OutputDrain instead of waiting forever.
-	if took := stop(t, sup); took < opts.OutputDrain || took > 3*time.Second {
+	// after OutputDrain instead of waiting as long as it lives.
+	if took := stop(t, sup); took < opts.OutputDrain {
 		t.Errorf("Stop took %v with OutputDrain %v", took, opts.OutputDrain)
 	}
 	// The output readers are gone though the escaped process still holds the
@@ -467,12 +488,23 @@ func TestLaunchWaitsWhileTheAddressIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer squatter.Close()
+	var dials atomic.Int64 // the supervisor's checks of the address
+	go func() {
+		for {
+			c, err := squatter.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			c.Close()
+		}
+	}()
 	rec := &recorder{}
 	port := strconv.Itoa(squatter.Addr().(*net.TCPAddr).Port)
 	sup := startSupervisor(t, childSpecOn(t, port), rec.options())
 
 	waitForState(t, sup, "waiting", func(st State) bool { return st.State == Waiting })
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "three more checks of the address", func() bool { return dials.Load() >= 4 })
 	if st := sup.State(); st.State != Waiting || st.PID != 0 || len(rec.statesIn(Starting)) != 0 {
 		t.Fatalf("launched while the address was taken: %+v", st)
 	}
@@ -510,8 +542,7 @@ func TestStopBeforeStart(t *testing.T) {
 	if err := sup.Destruct(); err != nil {
 		t.Fatal(err)
 	}
-	sup.Start() // too late: does nothing
-	time.Sleep(50 * time.Millisecond)
+	sup.Start() // too late: does nothing (a supervising goroutine would close done twice)
 	if st := sup.State(); st.State != Stopped || st.PID != 0 || st.Restarts != 0 {
 		t.Errorf("state %+v", st)
 	}
