@@ -231,7 +231,7 @@ func TestSubscribeOverZMQ(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	closeWithin(t, s, 5*time.Second, "Close did not stop the subscriber")
+	closeWithin(t, s, hangLimit, "Close did not stop the subscriber")
 	if s.Cached([]uint64{1}) != 1 {
 		t.Fatal("the view must stay readable after Close")
 	}
@@ -286,12 +286,21 @@ func TestCloseIsPromptWhileAPeerNeverGreets(t *testing.T) {
 	select {
 	case c := <-accepted:
 		defer c.Close()
-	case <-time.After(5 * time.Second):
+		// Into the handshake: the subscriber's greeting has come.
+		_ = c.SetReadDeadline(time.Now().Add(hangLimit))
+		if _, err := io.ReadFull(c, make([]byte, 10)); err != nil {
+			t.Fatalf("no greeting from the subscriber: %v", err)
+		}
+	case <-time.After(hangLimit):
 		t.Fatal("the subscriber did not connect")
 	}
-	time.Sleep(100 * time.Millisecond) // into the handshake
-	closeWithin(t, s, 2*time.Second, "Close waited on a silent peer")
+	// Half the handshake's deadline: a Close that waited for it would miss this.
+	closeWithin(t, s, handshakeTimeout/2, "Close waited on a silent peer")
 }
+
+// hangLimit is how long a step that ends at once, or never, may take before
+// the test calls it hung.
+const hangLimit = 10 * time.Second
 
 // closeWithin closes s, failing with msg if that takes longer than d.
 func closeWithin(t *testing.T, s *Subscriber, d time.Duration, msg string) {
@@ -305,9 +314,26 @@ func closeWithin(t *testing.T, s *Subscriber, d time.Duration, msg string) {
 	}
 }
 
+// stepClock is a clock for the subscriber's redials that stands still: each wait it asks for
+// is handed to the test, which ends it.
+type stepClock struct{ waits chan stepWait }
+
+type stepWait struct {
+	d    time.Duration
+	done chan time.Time
+}
+
+func (stepClock) Now() time.Time { return time.Time{} }
+
+func (c stepClock) After(d time.Duration) <-chan time.Time {
+	w := stepWait{d, make(chan time.Time, 1)}
+	c.waits <- w
+	return w.done
+}
+
 // A peer that hangs up, at once (a proxy whose backend is down) or once it has completed ZMQ's
-// handshake, is dialled about once a second, not in a loop as fast as it answers, and leaves no
-// connection open.
+// handshake, is dialled again only after a wait of a second, not in a loop as fast as it
+// answers.
 func TestAPeerThatHangsUpIsRetriedCalmly(t *testing.T) {
 	greeting := make([]byte, 64) // ZMTP 3.0, NULL mechanism, as a server
 	greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
@@ -347,14 +373,23 @@ func TestAPeerThatHangsUpIsRetriedCalmly(t *testing.T) {
 					}()
 				}
 			}()
-			s, err := Subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic})
+			clock := stepClock{waits: make(chan stepWait, 16)}
+			s, err := subscribe(Options{Endpoint: "tcp://" + ln.Addr().String(), Topic: topic}, clock)
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(2500 * time.Millisecond)
-			closeWithin(t, s, 2*time.Second, "Close hung")
-			if n := accepted.Load(); n < 2 || n > 5 {
-				t.Fatalf("%d connections in 2.5 s, want about one a second", n)
+			defer closeWithin(t, s, hangLimit, "Close hung")
+			for dials := int64(1); dials <= 3; dials++ {
+				var w stepWait
+				select {
+				case w = <-clock.waits:
+				case <-time.After(hangLimit):
+					t.Fatalf("after %d connections the subscriber neither waited nor dialled again", accepted.Load())
+				}
+				if n := accepted.Load(); n != dials || w.d < time.Second {
+					t.Fatalf("a wait of %v after %d connections, want a second after %d", w.d, n, dials)
+				}
+				w.done <- time.Time{}
 			}
 		})
 	}
@@ -385,7 +420,7 @@ func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeWithin(t, s, 5*time.Second, "Close hung")
+	defer closeWithin(t, s, hangLimit, "Close hung")
 	publish(first, s, 1)
 	first.Close()
 	// Meanwhile something else answers on the port, and fails every handshake.
@@ -398,6 +433,7 @@ func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	var failed atomic.Int64
 	go func() {
 		for {
 			c, err := bogus.Accept()
@@ -406,9 +442,15 @@ func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
 			}
 			c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
 			c.Close()
+			failed.Add(1)
 		}
 	}()
-	time.Sleep(1500 * time.Millisecond)
+	for failed.Load() < 2 { // the subscriber failed a handshake, waited and tried again
+		if time.Now().After(deadline.Add(hangLimit)) {
+			t.Fatal("the subscriber did not dial the bogus peer twice")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	bogus.Close()
 	second := zmq4.NewPub(context.Background())
 	defer second.Close()

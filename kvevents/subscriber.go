@@ -44,6 +44,7 @@ type Subscriber struct {
 	sock   zmq4.Socket
 	cancel context.CancelFunc
 	done   chan struct{}
+	clock  clock // paces the redials
 
 	mu      sync.RWMutex
 	chains  *Chains
@@ -69,9 +70,22 @@ func CheckEndpoint(endpoint string) error {
 	return nil
 }
 
+// clock is the time the redials are paced by: the wall clock, or a test's.
+type clock interface {
+	Now() time.Time
+	After(time.Duration) <-chan time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time                         { return time.Now() }
+func (wallClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
 // Subscribe starts following the publisher at o.Endpoint. It returns at once: the connection
 // is made, and remade, in the background.
-func Subscribe(o Options) (*Subscriber, error) {
+func Subscribe(o Options) (*Subscriber, error) { return subscribe(o, wallClock{}) }
+
+func subscribe(o Options, c clock) (*Subscriber, error) {
 	if err := CheckEndpoint(o.Endpoint); err != nil {
 		return nil, err
 	}
@@ -94,7 +108,7 @@ func Subscribe(o Options) (*Subscriber, error) {
 		sock.Close()
 		return nil, err
 	}
-	s := &Subscriber{topic: o.Topic, sock: sock, cancel: cancel, done: make(chan struct{}), chains: NewChains(o.MaxBlocks)}
+	s := &Subscriber{topic: o.Topic, sock: sock, cancel: cancel, done: make(chan struct{}), clock: c, chains: NewChains(o.MaxBlocks)}
 	go s.run(ctx, limitedTCP+"://"+addr, lost)
 	return s, nil
 }
@@ -123,7 +137,7 @@ func (s *Subscriber) run(ctx context.Context, endpoint string, lost <-chan struc
 		case <-ctx.Done():
 			<-received
 			return false
-		case <-time.After(d):
+		case <-s.clock.After(d):
 			return true
 		}
 	}
@@ -135,14 +149,14 @@ func (s *Subscriber) run(ctx context.Context, endpoint string, lost <-chan struc
 				return
 			}
 		}
-		connected := time.Now()
+		connected := s.clock.Now()
 		select {
 		case <-ctx.Done():
 			<-received
 			return
 		case <-lost: // the connection dropped: dial again, at once unless it had just begun
 		}
-		if time.Since(connected) < time.Second && !wait(time.Second) {
+		if s.clock.Now().Sub(connected) < time.Second && !wait(time.Second) {
 			return
 		}
 	}
