@@ -1,6 +1,6 @@
 package selection
 
-import "github.com/cespare/xxhash/v2"
+import "github.com/lmwarden/caddy-warden/sessionkey"
 
 // cost is how loaded a replica is, lower is better:
 //
@@ -141,16 +141,10 @@ func (v *View) leastRecent(usable func(string) bool, key uint64, ok func(*replic
 	return best
 }
 
-// HashKey turns a session key into the 64-bit value the table stores: raw
-// keys are never kept. xxhash (as Caddy's own hashing policies use) is
-// stable across processes, so runs are reproducible.
-func HashKey(key string) uint64 {
-	h := xxhash.Sum64String(key)
-	if h == 0 { // 0 stands for "no key" in tie-breaks
-		h = 1
-	}
-	return h
-}
+// HashKey turns a session key into the 64-bit value the table stores (raw
+// keys are never kept): sessionkey.Hash, so that keys read from requests
+// find pins made from raw keys (snapshots, shared pins, the lab).
+func HashKey(key string) uint64 { return sessionkey.Hash(key) }
 
 // mix is the splitmix64 finaliser: a cheap bijection that spreads the bits
 // of key XOR replica hash, for rendezvous tie-breaks.

@@ -16,9 +16,10 @@ import (
 )
 
 // Hash turns a conversation ID into the 64-bit key the session table
-// stores: xxhash, stable across processes (the same function as
-// selection.HashKey, so pins made from a header, a body field or a snapshot
-// agree). 0 stands for "no key", so it is never returned.
+// stores (selection.HashKey is this function): xxhash, as Caddy's own
+// hashing policies use, stable across processes, so pins made from a
+// header, a body field or a snapshot agree and runs are reproducible. 0
+// stands for "no key", so it is never returned.
 func Hash(id string) uint64 {
 	h := xxhash.Sum64String(id)
 	if h == 0 {
