@@ -92,8 +92,9 @@ func countTraffic(reqs []request, w window, faulted string, faultAt time.Time) t
 }
 
 // pinFault says which server failed and when: conversations pinned to it
-// may move once, by a request sent during the fault, without counting as a
-// lost pin.
+// may move once, by a request in flight during the fault (one sent just
+// before it may be routed, or retried, after it began), without counting
+// as a lost pin.
 type pinFault struct {
 	server string
 	during window
@@ -109,14 +110,41 @@ type pins struct {
 	lostPaths []string
 }
 
+// restart is a replica killed at a time and started again: the caches it
+// held were lost then.
+type restart struct {
+	server string
+	at     time.Time
+}
+
+// pinRules say which moves of a conversation are expected.
+type pinRules struct {
+	fault pinFault
+	// exempt are the spans during which affinity was off.
+	exempt []window
+	// restarts are the replicas restarted so far, in any phase: a
+	// conversation that had not come back since its replica restarted
+	// lost its cache there, and its next turn may move it (rehomed).
+	restarts []restart
+}
+
+// restartedSince reports whether server restarted after from and before to.
+func (p pinRules) restartedSince(server string, from, to time.Time) bool {
+	return slices.ContainsFunc(p.restarts, func(r restart) bool {
+		return r.server == server && r.at.After(from) && r.at.Before(to)
+	})
+}
+
 // followPins walks every conversation's successful requests in order. A
 // conversation's pin is the server of its last success before the window
 // (or its first in the window). In the window, a request served elsewhere
-// is a lost pin, unless it is the conversation's first move off a faulted
-// server after the fault began. Requests overlapping an exempt window
-// (affinity off) are skipped: routing by load is their purpose; so are
-// spilled ones: warden sent that one request elsewhere and kept the pin.
-func followPins(reqs []request, w window, fault pinFault, exempt []window) pins {
+// is a lost pin, unless it is the conversation's first move, off a faulted
+// server by a request in flight during the fault, or off a server that
+// restarted since the conversation's last turn there. Requests overlapping
+// an exempt window (affinity off) are skipped: routing by load is their
+// purpose; so are spilled ones: warden sent that one request elsewhere and
+// kept the pin.
+func followPins(reqs []request, w window, rules pinRules) pins {
 	byConv := map[string][]request{}
 	for _, r := range reqs {
 		if r.ok && r.end.Before(w.to) {
@@ -127,6 +155,7 @@ func followPins(reqs []request, w window, fault pinFault, exempt []window) pins 
 	for _, convReqs := range byConv {
 		slices.SortFunc(convReqs, func(a, b request) int { return a.start.Compare(b.start) })
 		pin, checked, lost, moved := "", false, false, false
+		var onPin time.Time // when the last turn on pin ended
 		var path []string
 		for i, r := range convReqs {
 			if i == 0 || r.server() != convReqs[i-1].server() {
@@ -136,22 +165,25 @@ func followPins(reqs []request, w window, fault pinFault, exempt []window) pins 
 				}
 				path = append(path, step)
 			}
-			if r.outcome == "spilled" || slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+			if r.outcome == "spilled" || slices.ContainsFunc(rules.exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
 				continue
 			}
 			server := r.server()
 			if !w.contains(r.start) || pin == "" {
-				pin = server
+				pin, onPin = server, r.end
 				continue
 			}
 			checked = true
+			fault := rules.fault
 			switch {
 			case server == pin:
-			case !moved && fault.server != "" && pin == fault.server && fault.during.contains(r.start):
+			case !moved && fault.server != "" && pin == fault.server && fault.during.overlaps(r.start, r.end),
+				!moved && rules.restartedSince(pin, onPin, r.end):
 				moved, pin = true, server
 			default:
 				lost, pin = true, server
 			}
+			onPin = r.end
 		}
 		if checked {
 			p.checked++

@@ -32,6 +32,7 @@ func TestFollowPins(t *testing.T) {
 		{"moves without cause", []request{served("a", 0, 5, "r0/0"), served("a", 11, 12, "r1/0")}, pinFault{}, nil, pins{checked: 1, lost: 1}},
 		{"moves off the failed replica", []request{served("a", 0, 5, "r1/0"), served("a", 25, 26, "r0/0"), served("a", 60, 61, "r0/0")}, kill, nil, pins{checked: 1, moved: 1}},
 		{"moves off it before it failed", []request{served("a", 0, 5, "r1/0"), served("a", 15, 16, "r0/0")}, kill, nil, pins{checked: 1, lost: 1}},
+		{"sent just before it failed, retried elsewhere after", []request{served("a", 0, 5, "r1/0"), served("a", 19, 21, "r0/0")}, kill, nil, pins{checked: 1, moved: 1}},
 		{"moves back after it recovered", []request{served("a", 0, 5, "r1/0"), served("a", 25, 26, "r0/0"), served("a", 60, 61, "r1/0")}, kill, nil, pins{checked: 1, lost: 1}},
 		{"moves off another replica during the fault", []request{served("a", 0, 5, "r0/0"), served("a", 25, 26, "r2/0")}, kill, nil, pins{checked: 1, lost: 1}},
 		{"served elsewhere while affinity is off", []request{served("a", 0, 5, "r0/0"), served("a", 15, 16, "r2/0"), served("a", 30, 31, "r0/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1}},
@@ -39,8 +40,30 @@ func TestFollowPins(t *testing.T) {
 		{"failures and cut requests do not count", []request{served("a", 0, 5, "r0/0"), {conv: "a", start: at(11), end: at(12), engine: "r2/0", status: 502}, served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
 	}
 	for _, c := range cases {
-		got := followPins(c.reqs, phase, c.fault, c.exempt)
+		got := followPins(c.reqs, phase, pinRules{fault: c.fault, exempt: c.exempt})
 		if got.checked != c.want.checked || got.lost != c.want.lost || got.moved != c.want.moved || len(got.lostPaths) != got.lost {
+			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+// A conversation that had not come back since its replica restarted lost
+// its cache there: its next turn may move it, once.
+func TestFollowPinsAfterARestart(t *testing.T) {
+	phase := window{at(10), at(100)}
+	rules := pinRules{restarts: []restart{{"r1", at(8)}}}
+	cases := []struct {
+		name string
+		reqs []request
+		want pins
+	}{
+		{"idle while its replica restarted, moved by its next turn", []request{served("a", 0, 5, "r1/0"), served("a", 50, 51, "r2/0"), served("a", 60, 61, "r2/0")}, pins{checked: 1, moved: 1}},
+		{"came back to its restarted replica, then moved", []request{served("a", 0, 5, "r1/0"), served("a", 50, 51, "r1/0"), served("a", 60, 61, "r2/0")}, pins{checked: 1, lost: 1}},
+		{"moved twice", []request{served("a", 0, 5, "r1/0"), served("a", 50, 51, "r2/0"), served("a", 60, 61, "r0/0")}, pins{checked: 1, lost: 1}},
+		{"on another replica", []request{served("a", 0, 5, "r0/0"), served("a", 50, 51, "r2/0")}, pins{checked: 1, lost: 1}},
+	}
+	for _, c := range cases {
+		if got := followPins(c.reqs, phase, rules); got.checked != c.want.checked || got.lost != c.want.lost || got.moved != c.want.moved {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
 	}

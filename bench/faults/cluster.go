@@ -39,7 +39,7 @@ func (h *harness) redisOutage(ctx context.Context) (Row, error) {
 	row.Resent = h.load.retry.resends(w)
 
 	t := countTraffic(reqs, w, "", time.Time{})
-	p := followPins(reqs, w, pinFault{}, nil)
+	p := followPins(reqs, w, pinRules{})
 	row.Sent, row.Failed = t.sent, t.failed
 	row.PinsChecked, row.PinsLost = p.checked, p.lost
 	row.Notes = append(row.Notes, failureNote(t)...)
@@ -94,7 +94,7 @@ func (h *harness) instanceKill(ctx context.Context) (Row, error) {
 			cut++
 		}
 	}
-	p := followPins(reqs, w, pinFault{}, nil)
+	p := followPins(reqs, w, pinRules{})
 	row.Sent, row.Failed, row.CutStreaming = t.sent, t.failed, cut
 	row.PinsChecked, row.PinsLost = p.checked, p.lost
 	row.Notes = append(row.Notes, failureNote(t)...)

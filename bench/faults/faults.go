@@ -216,6 +216,13 @@ type harness struct {
 	// affinityOff are the spans during which affinity was off: requests
 	// then are placed by load and say nothing of their conversation's pin.
 	affinityOff []window
+	// restarts are the replicas killed and restarted so far.
+	restarts []restart
+}
+
+// pinRules are the expected moves of the phase whose fault is given.
+func (h *harness) pinRules(fault pinFault) pinRules {
+	return pinRules{fault: fault, exempt: h.affinityOff, restarts: h.restarts}
 }
 
 func start(ctx context.Context, o Options) (*harness, error) {

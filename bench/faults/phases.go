@@ -111,7 +111,7 @@ func (h *harness) reloads(ctx context.Context) (Row, error) {
 	row.Resent = h.load.retry.resends(w)
 
 	t := countTraffic(reqs, w, "", time.Time{})
-	p := followPins(reqs, w, pinFault{}, h.affinityOff)
+	p := followPins(reqs, w, h.pinRules(pinFault{}))
 	row.Sent, row.Failed, row.PinsChecked, row.PinsLost = t.sent, t.failed, p.checked, p.lost
 	row.Notes = append(row.Notes, failureNote(t)...)
 	samples, pollErrs, violations := h.admin.in(w)
@@ -147,6 +147,7 @@ func (h *harness) kill(ctx context.Context) (Row, error) {
 	sleep(ctx, reloadSpacing*h.interval)
 	killAt := time.Now()
 	h.sims[victim].Kill()
+	h.restarts = append(h.restarts, restart{name, killAt})
 	sleep(ctx, time.Duration(h.o.holdIntervals())*h.interval)
 	if err := h.sims[victim].Restart(ctx); err != nil {
 		return row, err
@@ -164,7 +165,7 @@ func (h *harness) kill(ctx context.Context) (Row, error) {
 	// Until it takes new conversations again (Caddy's fail_duration may keep
 	// it out after the restart), its conversations may move off it.
 	t := countTraffic(reqs, w, name, killAt)
-	p := followPins(reqs, w, pinFault{name, window{killAt, usableAgain}}, h.affinityOff)
+	p := followPins(reqs, w, h.pinRules(pinFault{name, window{killAt, usableAgain}}))
 	row.Sent, row.Failed, row.CutStreaming = t.sent, t.failed, t.cutStreaming
 	row.Notes = append(row.Notes, failureNote(t)...)
 	row.PinsChecked, row.PinsLost, row.Moved = p.checked, p.lost, p.moved
@@ -267,7 +268,7 @@ func (h *harness) replicaFault(ctx context.Context, i int, fault string, switche
 		usableAgain = later(usableAgain, healthyAgain)
 	}
 	t := countTraffic(reqs, w, "", time.Time{})
-	p := followPins(reqs, w, pinFault{name, window{faultAt, usableAgain}}, h.affinityOff)
+	p := followPins(reqs, w, h.pinRules(pinFault{name, window{faultAt, usableAgain}}))
 	row.Sent, row.Failed = t.sent, t.failed
 	row.Notes = append(row.Notes, failureNote(t)...)
 	row.PinsChecked, row.PinsLost, row.Moved = p.checked, p.lost, p.moved
