@@ -22,35 +22,32 @@ const convergeIntervals = 30
 // they hold), and after the restart, and when every conversation had
 // settled on the replica it ended on.
 func (h *harness) redisOutage(ctx context.Context) (Row, error) {
-	h.progress("redis killed for %v", h.o.RedisOutage)
-	row := Row{Fault: fmt.Sprintf("Redis killed for %v wall (%v simulated), restarted empty", h.o.RedisOutage, time.Duration(float64(h.o.RedisOutage)*h.o.TimeScale))}
-	from := time.Now()
-	sleep(ctx, reloadSpacing*h.interval)
-	killAt := time.Now()
-	h.cluster.Redis.Kill()
-	sleep(ctx, h.o.RedisOutage)
-	if err := h.cluster.Redis.Restart(ctx); err != nil {
-		return row, err
-	}
-	restartAt := time.Now()
-	sleep(ctx, convergeIntervals*h.interval)
-	w := window{from, time.Now()}
-	reqs := h.load.rec.snapshot()
-	row.Resent = h.load.retry.resends(w)
+	return h.runPhase(ctx, phase{
+		progress: fmt.Sprintf("redis killed for %v", h.o.RedisOutage),
+		fault:    fmt.Sprintf("Redis killed for %v wall (%v simulated), restarted empty", h.o.RedisOutage, time.Duration(float64(h.o.RedisOutage)*h.o.TimeScale)),
+		begin:    func(context.Context, *Row) error { h.cluster.Redis.Kill(); return nil },
+		hold:     h.o.RedisOutage,
+		end:      func(ctx context.Context, _ *Row) error { return h.cluster.Redis.Restart(ctx) },
+		after:    convergeIntervals * h.interval,
+		check:    checkRedisOutage,
+	})
+}
 
-	t := countTraffic(reqs, w, "", time.Time{})
-	p := followPins(reqs, w, pinRules{})
+func checkRedisOutage(s span, row *Row) {
+	killAt, restartAt := s.began, s.ended
+	t := countTraffic(s.reqs, s.w, "", time.Time{})
+	p := followPins(s.reqs, s.w, pinRules{})
 	row.Sent, row.Failed = t.sent, t.failed
 	row.PinsChecked, row.PinsLost = p.checked, p.lost
 	row.Notes = append(row.Notes, failureNote(t)...)
 	row.Violations = append(row.Violations, expectNone(t.failed, "requests failed")...)
 
-	homes := pinsAt(reqs, killAt)
-	on, all := stickiness(reqs, window{killAt, restartAt}, homes)
+	homes := pinsAt(s.reqs, killAt)
+	on, all := stickiness(s.reqs, window{killAt, restartAt}, homes)
 	row.Notes = append(row.Notes, "during the outage: "+share(on, all)+" of turns on their conversation's replica (as of the kill, or its first turn for a new one)")
-	on, all = stickiness(reqs, window{restartAt, w.to}, pinsAt(reqs, restartAt))
+	on, all = stickiness(s.reqs, window{restartAt, s.w.to}, pinsAt(s.reqs, restartAt))
 	row.Notes = append(row.Notes, "after the restart: "+share(on, all)+" of turns on the replica their conversation was on at the restart")
-	if last, ok := lastOffFinal(reqs, restartAt, w.to); ok {
+	if last, ok := lastOffFinal(s.reqs, restartAt, s.w.to); ok {
 		row.Recovery = last.Sub(restartAt)
 		row.Notes = append(row.Notes, "recovery: the last turn served off the replica its conversation ended on started that long after the restart")
 	} else {
@@ -59,7 +56,6 @@ func (h *harness) redisOutage(ctx context.Context) (Row, error) {
 	if p.lost > 0 {
 		row.Notes = append(row.Notes, "conversations served elsewhere (not a violation: no shared pins while Redis is down): "+truncate(p.lostPaths, 3))
 	}
-	return row, nil
 }
 
 // instanceKill kills the last Caddy instance (SIGKILL: no final snapshot),
@@ -71,30 +67,27 @@ func (h *harness) redisOutage(ctx context.Context) (Row, error) {
 func (h *harness) instanceKill(ctx context.Context) (Row, error) {
 	victim := len(h.cluster.Instances) - 1
 	name := h.cluster.Instances[victim].Name
-	h.progress("kill caddy %s", name)
-	row := Row{Fault: fmt.Sprintf("Caddy instance %s of %d killed, restarted %d intervals later", name, len(h.cluster.Instances), h.o.holdIntervals())}
-	from := time.Now()
-	sleep(ctx, reloadSpacing*h.interval)
-	killAt := time.Now()
-	h.cluster.Kill(victim)
-	sleep(ctx, time.Duration(h.o.holdIntervals())*h.interval)
-	if err := h.cluster.StartInstance(victim); err != nil {
-		return row, err
-	}
-	restartAt := time.Now()
-	sleep(ctx, convergeIntervals*h.interval)
-	w := window{from, time.Now()}
-	reqs := h.load.rec.snapshot()
-	row.Resent = h.load.retry.resends(w)
+	return h.runPhase(ctx, phase{
+		progress: "kill caddy " + name,
+		fault:    fmt.Sprintf("Caddy instance %s of %d killed, restarted %d intervals later", name, len(h.cluster.Instances), h.o.holdIntervals()),
+		begin:    func(context.Context, *Row) error { h.cluster.Kill(victim); return nil },
+		hold:     h.holdFor(),
+		end:      func(context.Context, *Row) error { return h.cluster.StartInstance(victim) },
+		after:    convergeIntervals * h.interval,
+		check:    func(s span, row *Row) { checkInstanceKill(s, row, name) },
+	})
+}
 
-	t := countTraffic(reqs, w, "", time.Time{})
+func checkInstanceKill(s span, row *Row, name string) {
+	killAt, restartAt := s.began, s.ended
+	t := countTraffic(s.reqs, s.w, "", time.Time{})
 	cut := 0
-	for _, r := range reqs {
-		if w.contains(r.end) && r.failed() && r.instance == name && r.streaming() && r.start.Before(killAt) {
+	for _, r := range s.reqs {
+		if s.w.contains(r.end) && r.failed() && r.instance == name && r.streaming() && r.start.Before(killAt) {
 			cut++
 		}
 	}
-	p := followPins(reqs, w, pinRules{})
+	p := followPins(s.reqs, s.w, pinRules{})
 	row.Sent, row.Failed, row.CutStreaming = t.sent, t.failed, cut
 	row.PinsChecked, row.PinsLost = p.checked, p.lost
 	row.Notes = append(row.Notes, failureNote(t)...)
@@ -103,10 +96,10 @@ func (h *harness) instanceKill(ctx context.Context) (Row, error) {
 		row.Violations = append(row.Violations, fmt.Sprintf("%d conversations lost their pin: %s", p.lost, truncate(p.lostPaths, 3)))
 	}
 
-	homes := pinsAt(reqs, killAt)
-	served := servedThrough(reqs, name, killAt)
-	back, checked := returned(reqs, served, homes, restartAt, name)
-	anyBack, anyChecked := returned(reqs, served, homes, restartAt, "")
+	homes := pinsAt(s.reqs, killAt)
+	served := servedThrough(s.reqs, name, killAt)
+	back, checked := returned(s.reqs, served, homes, restartAt, name)
+	anyBack, anyChecked := returned(s.reqs, served, homes, restartAt, "")
 	row.Notes = append(row.Notes,
 		fmt.Sprintf("%d conversations served by %s before the kill; through the restarted %s, %s went to their replica (%s through any instance)",
 			len(served), name, name, share(back, checked), share(anyBack, anyChecked)))
@@ -116,7 +109,6 @@ func (h *harness) instanceKill(ctx context.Context) (Row, error) {
 	case 100*back < 99*checked:
 		row.Violations = append(row.Violations, fmt.Sprintf("only %s of its conversations returned to their replica (want ≥ 99%%)", share(back, checked)))
 	}
-	return row, nil
 }
 
 // gracefulRestart stops the only Caddy gracefully (SIGINT: warden writes
@@ -125,45 +117,47 @@ func (h *harness) instanceKill(ctx context.Context) (Row, error) {
 // other proxy); expected: none after it is back, and at least 99% of the
 // conversations pinned before the stop back on their replica.
 func (h *harness) gracefulRestart(ctx context.Context) (Row, error) {
-	h.progress("graceful restart")
-	row := Row{Fault: "Caddy stopped gracefully (SIGINT) and started again on the same storage"}
-	from := time.Now()
-	sleep(ctx, reloadSpacing*h.interval)
-	stopAt := time.Now()
-	h.admin.restart()
-	if err := h.cluster.StopInstance(0); err != nil {
-		return row, err
-	}
-	if err := h.cluster.StartInstance(0); err != nil {
-		return row, err
-	}
-	h.caddy = h.cluster.Instances[0].Proc
-	h.admin.started(h.caddy)
-	startedAt := time.Now()
-	sleep(ctx, convergeIntervals*h.interval)
-	w := window{from, time.Now()}
-	reqs := h.load.rec.snapshot()
-	row.Resent = h.load.retry.resends(w)
+	return h.runPhase(ctx, phase{
+		progress: "graceful restart",
+		fault:    "Caddy stopped gracefully (SIGINT) and started again on the same storage",
+		begin: func(context.Context, *Row) error {
+			h.admin.restart()
+			return h.cluster.StopInstance(0)
+		},
+		end: func(context.Context, *Row) error {
+			if err := h.cluster.StartInstance(0); err != nil {
+				return err
+			}
+			h.caddy = h.cluster.Instances[0].Proc
+			h.admin.started(h.caddy)
+			return nil
+		},
+		after: convergeIntervals * h.interval,
+		check: h.checkGracefulRestart,
+	})
+}
 
-	t := countTraffic(reqs, w, "", time.Time{})
+func (h *harness) checkGracefulRestart(s span, row *Row) {
+	stopAt, startedAt := s.began, s.ended
+	t := countTraffic(s.reqs, s.w, "", time.Time{})
 	row.Sent, row.Failed = t.sent, t.failed
 	row.Notes = append(row.Notes, fmt.Sprintf("down for %v (stop and start); failures while down are expected, no other proxy", startedAt.Sub(stopAt).Round(time.Millisecond)))
 	row.Notes = append(row.Notes, failureNote(t)...)
 	failedAfter := 0
-	for _, r := range reqs {
-		if r.failed() && !r.start.Before(startedAt) && w.contains(r.end) {
+	for _, r := range s.reqs {
+		if r.failed() && !r.start.Before(startedAt) && s.w.contains(r.end) {
 			failedAfter++
 		}
 	}
 	row.Violations = append(row.Violations, expectNone(failedAfter, "requests sent after the restart failed")...)
 
-	homes := pinsAt(reqs, stopAt)
+	homes := pinsAt(s.reqs, stopAt)
 	var convs []string
 	for conv := range homes {
 		convs = append(convs, conv)
 	}
 	slices.Sort(convs)
-	back, checked := returned(reqs, convs, homes, startedAt, "")
+	back, checked := returned(s.reqs, convs, homes, startedAt, "")
 	row.PinsChecked, row.PinsLost = checked, checked-back
 	row.Notes = append(row.Notes, fmt.Sprintf("%s of the conversations pinned before the stop (and heard from after) went back to their replica", share(back, checked)))
 	if st, ok := h.admin.latest(); ok {
@@ -175,7 +169,7 @@ func (h *harness) gracefulRestart(ctx context.Context) (Row, error) {
 		row.Notes = append(row.Notes, fmt.Sprintf("restarted Caddy's admin JSON: %d pins restored from the snapshot, %d dropped (%d already pinned, %d unknown replica); since the start %d conversations placed, %d re-placed",
 			ps.Restored, ps.Dropped, ps.AlreadyPinned, ps.UnknownReplica, placed, replaced))
 	}
-	if moved := movedAfter(reqs, convs, homes, startedAt); len(moved) > 0 {
+	if moved := movedAfter(s.reqs, convs, homes, startedAt); len(moved) > 0 {
 		row.Notes = append(row.Notes, "elsewhere after the restart (server@time since the restart): "+truncate(moved, 5))
 	}
 	switch {
@@ -184,7 +178,6 @@ func (h *harness) gracefulRestart(ctx context.Context) (Row, error) {
 	case 100*back < 99*checked:
 		row.Violations = append(row.Violations, fmt.Sprintf("only %s of conversations returned to their replica (want ≥ 99%%)", share(back, checked)))
 	}
-	return row, nil
 }
 
 // pinsAt maps each conversation to the server of its last success that

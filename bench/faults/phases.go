@@ -26,14 +26,52 @@ const (
 // continuous. A runtime change is a config change: it holds until a
 // loaded config says otherwise.
 func (h *harness) reloads(ctx context.Context) (Row, error) {
-	h.progress("reloads")
-	row := Row{Fault: "10 config reloads + affinity off/on ×2 + spill threshold changes"}
-	from := time.Now()
-	var offAt time.Time
 	loads := 0
+	var offAt time.Time
+	return h.runPhase(ctx, phase{
+		progress: "reloads",
+		fault:    "10 config reloads + affinity off/on ×2 + spill threshold changes",
+		begin: func(ctx context.Context, row *Row) error {
+			for _, step := range h.reloadSteps(row, &loads, &offAt) {
+				if err := step(); err != nil {
+					return fmt.Errorf("faults: reload phase: %v", err)
+				}
+				sleep(ctx, reloadSpacing*h.interval)
+			}
+			return nil
+		},
+		after: settleIntervals * h.interval,
+		check: func(s span, row *Row) {
+			t := countTraffic(s.reqs, s.w, "", time.Time{})
+			p := followPins(s.reqs, s.w, h.pinRules(pinFault{}))
+			row.Sent, row.Failed, row.PinsChecked, row.PinsLost = t.sent, t.failed, p.checked, p.lost
+			row.Notes = append(row.Notes, failureNote(t)...)
+			samples, pollErrs, violations := h.admin.in(s.w)
+			row.Violations = append(row.Violations, violations...)
+			row.Notes = append(row.Notes, fmt.Sprintf("%d POST /load; admin JSON polled %d times, requests counter %s, since unchanged",
+				loads, len(samples), counterSpan(samples)))
+			if len(pollErrs) > 0 {
+				row.Notes = append(row.Notes, fmt.Sprintf("%d admin polls failed during reloads (first: %s)", len(pollErrs), pollErrs[0]))
+			}
+			if n := spillsIn(samples); n > 0 {
+				row.Notes = append(row.Notes, fmt.Sprintf("%d requests spilled", n))
+			}
+			if loads != 10 {
+				row.Violations = append(row.Violations, fmt.Sprintf("%d reloads instead of 10", loads))
+			}
+			row.Violations = append(row.Violations, expectNone(t.failed, "requests failed")...)
+			row.Violations = append(row.Violations, lostPins(p)...)
+		},
+	})
+}
+
+// reloadSteps are the reload phase's config changes and the checks of the
+// settings they leave, in order; loads counts the POST /load, offAt is
+// when affinity last went off.
+func (h *harness) reloadSteps(row *Row, loads *int, offAt *time.Time) []func() error {
 	load := func(spill string) func() error {
 		return func() error {
-			loads++
+			*loads++
 			config, err := h.cluster.Config(h.config.caddyfile(spill))
 			if err != nil {
 				return err
@@ -48,9 +86,9 @@ func (h *harness) reloads(ctx context.Context) (Row, error) {
 				return err
 			}
 			if on {
-				h.affinityOff = append(h.affinityOff, window{offAt, time.Now()})
+				h.affinityOff = append(h.affinityOff, window{*offAt, time.Now()})
 			} else {
-				offAt = at
+				*offAt = at
 			}
 			return nil
 		}
@@ -73,7 +111,7 @@ func (h *harness) reloads(ctx context.Context) (Row, error) {
 			return nil
 		}
 	}
-	steps := []func() error{
+	return []func() error{
 		load("auto"),
 		load("auto"),
 		affinity(false),
@@ -99,37 +137,6 @@ func (h *harness) reloads(ctx context.Context) (Row, error) {
 		load("auto"),
 		load("auto"),
 	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return row, fmt.Errorf("faults: reload phase: %v", err)
-		}
-		sleep(ctx, reloadSpacing*h.interval)
-	}
-	sleep(ctx, settleIntervals*h.interval)
-	w := window{from, time.Now()}
-	reqs := h.load.rec.snapshot()
-	row.Resent = h.load.retry.resends(w)
-
-	t := countTraffic(reqs, w, "", time.Time{})
-	p := followPins(reqs, w, h.pinRules(pinFault{}))
-	row.Sent, row.Failed, row.PinsChecked, row.PinsLost = t.sent, t.failed, p.checked, p.lost
-	row.Notes = append(row.Notes, failureNote(t)...)
-	samples, pollErrs, violations := h.admin.in(w)
-	row.Violations = append(row.Violations, violations...)
-	row.Notes = append(row.Notes, fmt.Sprintf("%d POST /load; admin JSON polled %d times, requests counter %s, since unchanged",
-		loads, len(samples), counterSpan(samples)))
-	if len(pollErrs) > 0 {
-		row.Notes = append(row.Notes, fmt.Sprintf("%d admin polls failed during reloads (first: %s)", len(pollErrs), pollErrs[0]))
-	}
-	if n := spillsIn(samples); n > 0 {
-		row.Notes = append(row.Notes, fmt.Sprintf("%d requests spilled", n))
-	}
-	if loads != 10 {
-		row.Violations = append(row.Violations, fmt.Sprintf("%d reloads instead of 10", loads))
-	}
-	row.Violations = append(row.Violations, expectNone(t.failed, "requests failed")...)
-	row.Violations = append(row.Violations, lostPins(p)...)
-	return row, nil
 }
 
 // kill kills the replica holding the most probe conversations, restarts it
@@ -141,41 +148,42 @@ func (h *harness) kill(ctx context.Context) (Row, error) {
 	victim := h.busiestReplica()
 	addr := h.sims[victim].Addr
 	name := server(victim)
-	h.progress("kill %s", name)
-	row := Row{Fault: fmt.Sprintf("replica %s killed, restarted %d intervals later", name, h.o.holdIntervals())}
-	from := time.Now()
-	sleep(ctx, reloadSpacing*h.interval)
-	killAt := time.Now()
-	h.sims[victim].Kill()
-	h.restarts = append(h.restarts, restart{name, killAt})
-	sleep(ctx, time.Duration(h.o.holdIntervals())*h.interval)
-	if err := h.sims[victim].Restart(ctx); err != nil {
-		return row, err
-	}
-	restartedAt := time.Now()
-	usableAgain := h.awaitNewcomer(ctx, name, restartedAt, &row)
-	sleep(ctx, settleIntervals*h.interval)
-	w := window{from, time.Now()}
-	reqs := h.load.rec.snapshot()
-	row.Resent = h.load.retry.resends(w)
-	if usableAgain.IsZero() {
-		usableAgain = w.to
-	}
+	return h.runPhase(ctx, phase{
+		progress: "kill " + name,
+		fault:    fmt.Sprintf("replica %s killed, restarted %d intervals later", name, h.o.holdIntervals()),
+		begin: func(context.Context, *Row) error {
+			h.sims[victim].Kill()
+			h.restarts = append(h.restarts, restart{name, time.Now()})
+			return nil
+		},
+		hold:    h.holdFor(),
+		end:     func(ctx context.Context, _ *Row) error { return h.sims[victim].Restart(ctx) },
+		recover: h.awaitNewcomer(name),
+		after:   settleIntervals * h.interval,
+		check:   func(s span, row *Row) { h.checkKill(s, row, addr, name) },
+	})
+}
 
+// checkKill measures the kill phase of the replica name at addr.
+func (h *harness) checkKill(s span, row *Row, addr, name string) {
 	// Until it takes new conversations again (Caddy's fail_duration may keep
 	// it out after the restart), its conversations may move off it.
-	t := countTraffic(reqs, w, name, killAt)
-	p := followPins(reqs, w, h.pinRules(pinFault{name, window{killAt, usableAgain}}))
+	killAt, usableAgain := s.began, s.recovered
+	if usableAgain.IsZero() {
+		usableAgain = s.w.to
+	}
+	t := countTraffic(s.reqs, s.w, name, killAt)
+	p := followPins(s.reqs, s.w, h.pinRules(pinFault{name, window{killAt, usableAgain}}))
 	row.Sent, row.Failed, row.CutStreaming = t.sent, t.failed, t.cutStreaming
 	row.Notes = append(row.Notes, failureNote(t)...)
 	row.PinsChecked, row.PinsLost, row.Moved = p.checked, p.lost, p.moved
 	row.Violations = append(row.Violations, expectNone(t.failed-t.cutStreaming, "requests failed before streaming (not retried elsewhere)")...)
 	row.Violations = append(row.Violations, lostPins(p)...)
 
-	pinned := pinnedAt(reqs, killAt, name, fromProbe, h.affinityOff)
+	pinned := pinnedAt(s.reqs, killAt, name, fromProbe, h.affinityOff)
 	var worst time.Duration
 	for _, conv := range pinned {
-		r, ok := firstRequestsAfter(reqs, killAt, []string{conv})[conv]
+		r, ok := firstRequestsAfter(s.reqs, killAt, []string{conv})[conv]
 		switch {
 		case !ok:
 			row.Violations = append(row.Violations, conv+" sent nothing after the kill")
@@ -190,15 +198,14 @@ func (h *harness) kill(ctx context.Context) (Row, error) {
 	if worst > 2*h.interval {
 		row.Violations = append(row.Violations, "re-placing a conversation took more than two metrics intervals")
 	}
-	samples, _, violations := h.admin.in(w)
+	samples, _, violations := h.admin.in(s.w)
 	row.Violations = append(row.Violations, violations...)
 	if at, ok := firstSample(samples[indexAfter(samples, killAt):], addr, false); ok {
 		row.Notes = append(row.Notes, "warden saw it unhealthy after "+Table{MetricsInterval: h.interval}.inIntervals(at.Sub(killAt)))
 	}
 	row.Notes = append(row.Notes, "recovery counted from the restart; Caddy's fail_duration keeps a failed upstream out "+
 		h.o.scaled(retrySettings.failDuration).String()+" after its last failure")
-	h.checkHealthLog(&row, addr, window{killAt, w.to}, false)
-	return row, nil
+	h.checkHealthLog(row, addr, window{killAt, s.w.to}, false)
 }
 
 // metricsFault makes replica i's /metrics misbehave for a while. Expected:
@@ -241,34 +248,30 @@ func (o Options) metricsFaults() []string {
 // and measures. After grace intervals the replica must get no new
 // conversation.
 func (h *harness) replicaFault(ctx context.Context, i int, fault string, switches map[string]any, grace int) (Row, error) {
-	addr, name := h.sims[i].Addr, server(i)
-	h.progress("%s on %s", fault, name)
-	row := Row{Fault: fmt.Sprintf("%s on %s for %d intervals", fault, name, h.o.holdIntervals())}
-	from := time.Now()
-	sleep(ctx, reloadSpacing*h.interval)
-	faultAt := time.Now()
-	if err := h.setSimFaults(ctx, i, switches); err != nil {
-		return row, err
-	}
-	sleep(ctx, time.Duration(h.o.holdIntervals())*h.interval)
-	clearAt := time.Now()
-	if err := h.setSimFaults(ctx, i, nil); err != nil {
-		return row, err
-	}
-	usableAgain := h.awaitNewcomer(ctx, name, clearAt, &row)
-	sleep(ctx, settleIntervals*h.interval)
-	w := window{from, time.Now()}
-	reqs := h.load.rec.snapshot()
-	row.Resent = h.load.retry.resends(w)
+	name := server(i)
+	return h.runPhase(ctx, phase{
+		progress: fault + " on " + name,
+		fault:    fmt.Sprintf("%s on %s for %d intervals", fault, name, h.o.holdIntervals()),
+		begin:    func(ctx context.Context, _ *Row) error { return h.setSimFaults(ctx, i, switches) },
+		hold:     h.holdFor(),
+		end:      func(ctx context.Context, _ *Row) error { return h.setSimFaults(ctx, i, nil) },
+		recover:  h.awaitNewcomer(name),
+		after:    settleIntervals * h.interval,
+		check:    func(s span, row *Row) { h.checkReplicaFault(s, row, i, grace) },
+	})
+}
 
-	samples, _, violations := h.admin.in(w)
-	if healthyAgain, ok := firstSample(samples[indexAfter(samples, clearAt):], addr, true); !ok || usableAgain.IsZero() {
-		usableAgain = w.to
-	} else {
-		usableAgain = later(usableAgain, healthyAgain)
+// checkReplicaFault measures the fault phase of replica i.
+func (h *harness) checkReplicaFault(s span, row *Row, i, grace int) {
+	addr, name := h.sims[i].Addr, server(i)
+	faultAt, clearAt := s.began, s.ended
+	samples, _, violations := h.admin.in(s.w)
+	usableAgain := s.w.to
+	if healthyAgain, ok := firstSample(samples[indexAfter(samples, clearAt):], addr, true); ok && !s.recovered.IsZero() {
+		usableAgain = later(s.recovered, healthyAgain)
 	}
-	t := countTraffic(reqs, w, "", time.Time{})
-	p := followPins(reqs, w, h.pinRules(pinFault{name, window{faultAt, usableAgain}}))
+	t := countTraffic(s.reqs, s.w, "", time.Time{})
+	p := followPins(s.reqs, s.w, h.pinRules(pinFault{name, window{faultAt, usableAgain}}))
 	row.Sent, row.Failed = t.sent, t.failed
 	row.Notes = append(row.Notes, failureNote(t)...)
 	row.PinsChecked, row.PinsLost, row.Moved = p.checked, p.lost, p.moved
@@ -277,8 +280,8 @@ func (h *harness) replicaFault(ctx context.Context, i int, fault string, switche
 	row.Violations = append(row.Violations, lostPins(p)...)
 
 	graceEnd := faultAt.Add(time.Duration(grace) * h.interval)
-	early, earlyAll := newcomersOn(reqs, window{faultAt, graceEnd}, name)
-	late, lateAll := newcomersOn(reqs, window{graceEnd, clearAt}, name)
+	early, earlyAll := newcomersOn(s.reqs, window{faultAt, graceEnd}, name)
+	late, lateAll := newcomersOn(s.reqs, window{graceEnd, clearAt}, name)
 	row.Notes = append(row.Notes, fmt.Sprintf("new conversations on %s: %d of %d in the first %d intervals, %d of %d after",
 		name, early, earlyAll, grace, late, lateAll))
 	if late > 0 {
@@ -289,26 +292,28 @@ func (h *harness) replicaFault(ctx context.Context, i int, fault string, switche
 	} else {
 		row.Violations = append(row.Violations, "warden never marked the replica unhealthy")
 	}
-	h.checkHealthLog(&row, addr, window{faultAt, w.to}, true)
-	return row, nil
+	h.checkHealthLog(row, addr, window{faultAt, s.w.to}, true)
 }
 
-// awaitNewcomer waits until a new conversation started after t is served
-// by the replica, records how long after t it started as the row's
-// recovery, and returns when; zero if it never was.
-func (h *harness) awaitNewcomer(ctx context.Context, name string, t time.Time, row *Row) time.Time {
-	var at time.Time
-	err := h.until(ctx, recoverLimit*h.interval, "a new conversation on "+name, func() bool {
-		var ok bool
-		at, ok = firstNewcomerOn(h.load.rec.snapshot(), t, name)
-		return ok
-	})
-	if err != nil {
-		row.Violations = append(row.Violations, err.Error())
-		return time.Time{}
+// awaitNewcomer is a phase's recover: it waits until a new conversation
+// started after the fault ended is served by the replica, records how long
+// after the end it started as the row's recovery, and returns when; zero
+// if it never was.
+func (h *harness) awaitNewcomer(name string) func(context.Context, time.Time, *Row) time.Time {
+	return func(ctx context.Context, ended time.Time, row *Row) time.Time {
+		var at time.Time
+		err := h.until(ctx, recoverLimit*h.interval, "a new conversation on "+name, func() bool {
+			var ok bool
+			at, ok = firstNewcomerOn(h.load.rec.snapshot(), ended, name)
+			return ok
+		})
+		if err != nil {
+			row.Violations = append(row.Violations, err.Error())
+			return time.Time{}
+		}
+		row.Recovery = at.Sub(ended)
+		return at
 	}
-	row.Recovery = at.Sub(t)
-	return at
 }
 
 func later(a, b time.Time) time.Time {
