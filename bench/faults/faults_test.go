@@ -1,17 +1,16 @@
 package faults
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/e2e"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // full runs every /metrics fault, each held longer: the table of
@@ -26,7 +25,7 @@ func TestRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var log lockedBuffer
+	var log testrun.Buffer
 	table, err := Run(ctx, Options{Short: !*full, WorkDir: t.TempDir(), Log: &log, Progress: func(p string) { t.Log(p) }})
 	var out strings.Builder
 	_ = table.Print(&out)
@@ -108,21 +107,4 @@ func optionLine(caddyfile, option string) string {
 		}
 	}
 	return ""
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

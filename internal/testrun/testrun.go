@@ -1,8 +1,10 @@
-// Package testrun holds the small loops that tests driving a real Caddy
-// share: wait for a condition, fire requests at once, name sessions.
+// Package testrun holds the small helpers that tests driving a real Caddy
+// share: wait for a condition, fire requests at once, name sessions,
+// collect a process's output.
 package testrun
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 	"testing"
@@ -54,4 +56,25 @@ func CaddyHome(t testing.TB) {
 	for _, env := range []string{"HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"} {
 		t.Setenv(env, home)
 	}
+}
+
+// Buffer collects what several goroutines write (a process's stdout and
+// stderr, several processes' logs) for a test to read while they write.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -1,6 +1,7 @@
 package testrun
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,5 +23,13 @@ func TestEventuallyWaitsForTheCondition(t *testing.T) {
 func TestSessions(t *testing.T) {
 	if got := Sessions("s", 11); len(got) != 11 || got[0] != "s-00" || got[10] != "s-10" {
 		t.Fatalf("Sessions: %v", got)
+	}
+}
+
+func TestBufferTakesConcurrentWrites(t *testing.T) {
+	var b Buffer
+	Concurrently(20, func(int) { _, _ = b.Write([]byte("line\n")) })
+	if got := strings.Count(b.String(), "line\n"); got != 20 {
+		t.Fatalf("%d lines, want 20", got)
 	}
 }
