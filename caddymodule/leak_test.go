@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/goleak"
 
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
@@ -24,7 +24,7 @@ import (
 func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 	testrun.CaddyHome(t)
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-	redis := redistest.Start(t)
+	redis := redisproc.StartTest(t)
 	site := testnet.Addr(t)
 	load := func(replicas int, spill int, pinStore string, loadControl bool) {
 		t.Helper()

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
@@ -32,9 +32,9 @@ const redisPassword = "s3cret-never-shown"
 
 // startShared runs n Caddy instances in front of the same replicas, sharing
 // one Redis for their pins.
-func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM) (*redistest.Server, []*fleet, []*syncBuffer) {
+func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM) (*redisproc.TestServer, []*fleet, []*syncBuffer) {
 	t.Helper()
-	redis := redistest.Start(t, "--requirepass", redisPassword)
+	redis := redisproc.StartTest(t, "--requirepass", redisPassword)
 	t.Setenv("WARDEN_TEST_REDIS_PASSWORD", redisPassword) // Caddy inherits it
 	var fleets []*fleet
 	var logs []*syncBuffer
@@ -49,7 +49,7 @@ func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM
 // pinCommands counts the commands Redis has run that read or write pins:
 // all but the connection's own (AUTH, HELLO, CLIENT, PING: the Pub/Sub
 // connection's keep-alive) and this reading's INFO.
-func pinCommands(t *testing.T, redis *redistest.Server) int {
+func pinCommands(t *testing.T, redis *redisproc.TestServer) int {
 	t.Helper()
 	total := 0
 	for _, line := range strings.Split(redis.Do("INFO", "commandstats"), "\r\n") {

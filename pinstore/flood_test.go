@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,7 +21,7 @@ func TestFloodMemory(t *testing.T) {
 		t.Skip("set PINSTORE_FLOOD=<claims> to measure")
 	}
 	for _, maxPins := range []int{1000, n} {
-		srv := redistest.Start(t)
+		srv := redisproc.StartTest(t)
 		s := open(t, srv.Addr, func(_ *Config, o *Options) { o.MaxPins = maxPins; o.TTL = 30 * time.Minute })
 		base := info(t, srv, "memory", "used_memory")
 		start := time.Now()
@@ -60,7 +60,7 @@ func flood(t testing.TB, s *Store, n int) {
 
 // Claim latency on loopback: a won claim (new key) and a lost one.
 func BenchmarkClaim(b *testing.B) {
-	srv := redistest.Start(b)
+	srv := redisproc.StartTest(b)
 	var lat []time.Duration // round trips of the "won" claims
 	s := open(b, srv.Addr, func(_ *Config, o *Options) {
 		o.MaxPins = 100_000
@@ -102,7 +102,7 @@ func BenchmarkClaim(b *testing.B) {
 
 // One sync batch of 1000 local pins.
 func BenchmarkSync1000(b *testing.B) {
-	srv := redistest.Start(b)
+	srv := redisproc.StartTest(b)
 	s := open(b, srv.Addr, nil)
 	l := newLocal()
 	for i := range 1000 {

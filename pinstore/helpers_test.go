@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 )
 
 // fakeLocal is a map-based Local, as selection.Router would be.
@@ -143,7 +143,7 @@ func eventually(t testing.TB, within time.Duration, what string, cond func() boo
 func pinKeyName(key uint64) string { return fmt.Sprintf("warden:m:pin:%016x", key) }
 
 // info reads one integer field of INFO section.
-func info(t testing.TB, srv *redistest.Server, section, field string) int64 {
+func info(t testing.TB, srv *redisproc.TestServer, section, field string) int64 {
 	t.Helper()
 	for _, line := range strings.Split(srv.Do("INFO", section), "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {

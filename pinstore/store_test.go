@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -100,7 +100,7 @@ func TestOpenDoesNoIOAndChecksOptions(t *testing.T) {
 // Two stores on one server, as two Caddy instances, place the same new
 // session at once: one claim wins and everybody gets its answer.
 func TestClaimRace(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	stores := []*Store{open(t, srv.Addr, nil), open(t, srv.Addr, nil)}
 	const key, perStore = 0xfeedbeef, 8
 	answers := make(chan string, 2*perStore)
@@ -146,7 +146,7 @@ func TestClaimRace(t *testing.T) {
 }
 
 func TestRepinCAS(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	s := open(t, srv.Addr, nil)
 	if p, ok := s.Claim(1, "a"); !ok || p != "a" {
 		t.Fatalf("claim: %q %v", p, ok)
@@ -172,7 +172,7 @@ func TestRepinCAS(t *testing.T) {
 
 // A re-pin by one instance reaches the other's local table by message.
 func TestRepinMessageReachesOtherInstance(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	a, b := open(t, srv.Addr, nil), open(t, srv.Addr, nil)
 	la, lb := newLocal(), newLocal()
 	run(t, a, la)
@@ -208,7 +208,7 @@ func TestRepinMessageReachesOtherInstance(t *testing.T) {
 // A won claim reaches the other instance, which learns the new pin; a
 // lost one publishes nothing.
 func TestClaimMessageTeachesOtherInstance(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	a, b := open(t, srv.Addr, nil), open(t, srv.Addr, nil)
 	la, lb := newLocal(), newLocal()
 	run(t, a, la)
@@ -235,7 +235,7 @@ func TestClaimMessageTeachesOtherInstance(t *testing.T) {
 
 // Claims and re-pins never call Redis while the breaker is open.
 func TestOpenBreakerMakesNoCall(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	var obs observed
 	s := open(t, srv.Addr, func(_ *Config, o *Options) { o.Observe = obs.hook })
 	if _, ok := s.Claim(1, "a"); !ok { // a pooled connection, and the script loaded
@@ -387,7 +387,7 @@ func answerScriptsWrongly(c net.Conn) {
 // the probe closes the breaker, and pins made during the outage are
 // re-claimed without overwriting one another instance claimed meanwhile.
 func TestOutageAndRecovery(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	var obs observed
 	a := open(t, srv.Addr, func(c *Config, o *Options) { c.Timeout = 200 * time.Millisecond; o.Observe = obs.hook })
 	b := open(t, srv.Addr, nil)
@@ -453,7 +453,7 @@ func TestOutageAndRecovery(t *testing.T) {
 
 // With Run: the probe brings the store back within a couple of seconds.
 func TestRunRecoversAfterRestart(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	s := open(t, srv.Addr, func(c *Config, o *Options) { c.Timeout = 200 * time.Millisecond })
 	l := newLocal()
 	run(t, s, l)
@@ -472,7 +472,7 @@ func TestRunRecoversAfterRestart(t *testing.T) {
 }
 
 func TestSyncRefreshesAdoptsReclaims(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	var obs observed
 	s := open(t, srv.Addr, func(_ *Config, o *Options) { o.Observe = obs.hook })
 	l := newLocal()
@@ -522,7 +522,7 @@ func TestSyncRefreshesAdoptsReclaims(t *testing.T) {
 
 // Run's own ticker refreshes the TTL of a used pin.
 func TestRunRefreshesTTL(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	s := open(t, srv.Addr, func(_ *Config, o *Options) { o.TTL = 4 * time.Second; o.SyncInterval = 200 * time.Millisecond })
 	l := newLocal()
 	run(t, s, l)
@@ -540,7 +540,7 @@ func TestRunRefreshesTTL(t *testing.T) {
 // restart go-redis resubscribes, and the next re-pin reaches the other
 // instance.
 func TestPubSubResubscribesAfterRestart(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	a, b := open(t, srv.Addr, nil), open(t, srv.Addr, nil)
 	la, lb := newLocal(), newLocal()
 	run(t, a, la)
@@ -560,7 +560,7 @@ func TestPubSubResubscribesAfterRestart(t *testing.T) {
 
 func TestPasswordNeverShown(t *testing.T) {
 	const secret, wrong = "s3cret-pass", "wr0ng-pass"
-	srv := redistest.Start(t, "--requirepass", secret)
+	srv := redisproc.StartTest(t, "--requirepass", secret)
 	core, logs := observer.New(zapcore.DebugLevel)
 	bad := open(t, srv.Addr, func(c *Config, o *Options) { c.Password = wrong; o.Logger = zap.New(core) })
 	for range 3 {
@@ -591,7 +591,7 @@ func TestPasswordNeverShown(t *testing.T) {
 
 // A flood of distinct sessions keeps Redis bounded by MaxPins.
 func TestFloodBoundedByMaxPins(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	s := open(t, srv.Addr, nil) // MaxPins 1000
 	const n, workers = 20_000, 8
 	var wg sync.WaitGroup
@@ -624,7 +624,7 @@ func TestFloodBoundedByMaxPins(t *testing.T) {
 
 // Pins idle past the TTL leave the index as well as Redis.
 func TestIdlePinsLeaveIndex(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	s := open(t, srv.Addr, func(_ *Config, o *Options) { o.TTL = 300 * time.Millisecond; o.SyncInterval = 100 * time.Millisecond })
 	for k := range uint64(20) {
 		s.Claim(k, "r")
@@ -652,7 +652,7 @@ func TestNoGoroutineLeft(t *testing.T) {
 		}
 		goleak.VerifyNone(t, before)
 	}()
-	srv := redistest.Start(t)
+	srv := redisproc.StartTest(t)
 	s, err := Open(Config{Address: srv.Addr, Timeout: testTimeout}, Options{Model: "m", TTL: time.Minute, MaxPins: 10})
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 )
 
@@ -27,7 +27,7 @@ func TestTLS(t *testing.T) {
 	selfSigned(t, cert, key)
 	tlsAddr := testnet.Addr(t)
 	_, port, _ := net.SplitHostPort(tlsAddr)
-	redistest.Start(t, "--tls-port", port, "--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no")
+	redisproc.StartTest(t, "--tls-port", port, "--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no")
 	testnet.WaitListening(t, tlsAddr, 10*time.Second)
 
 	s := open(t, tlsAddr, func(c *Config, _ *Options) { c.TLSEnabled, c.TLSInsecure = true, true })

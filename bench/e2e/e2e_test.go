@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -101,7 +100,7 @@ func TestInstancesShareRedisPins(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs Caddy, Redis and the simulator")
 	}
-	requireRedis(t)
+	redisproc.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	w := agentload.DefaultConfig()
@@ -135,17 +134,5 @@ func TestInstancesShareRedisPins(t *testing.T) {
 	}
 	if r.TurnsOnReplicaPercent < 99 {
 		t.Errorf("%.1f%% of turns on their conversation's replica, want ≥ 99%%", r.TurnsOnReplicaPercent)
-	}
-}
-
-// requireRedis skips a test without redis-server outside CI, and fails it
-// under CI, which installs it (as internal/redistest does).
-func requireRedis(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%v (.ci/run installs it)", redisproc.ErrNotInstalled)
-		}
-		t.Skipf("%v; skipping", redisproc.ErrNotInstalled)
 	}
 }

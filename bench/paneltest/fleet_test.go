@@ -20,7 +20,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
-	"github.com/lmwarden/caddy-warden/internal/redistest"
+	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
@@ -88,7 +88,7 @@ func startFleet(t *testing.T) *fleet {
 	// The pins are shared through Redis, so that the panel shows the store;
 	// load control is on, so that it shows the queue, the residents (the
 	// caches are large: no turn waits) and what the replies report.
-	redis := redistest.Start(t)
+	redis := redisproc.StartTest(t)
 	ports := testnet.Addrs(t, 3)
 	admin, site, panelAddr := ports[0], ports[1], ports[2]
 	caddyfile := fmt.Sprintf(`{

@@ -1,7 +1,7 @@
 // Package redisproc runs private redis-server processes (Debian's, which
 // .ci/run installs) for tests and benchmark runs: on a loopback port, in a
 // temporary directory of their own, without persistence, so that a restart
-// starts empty.
+// starts empty. StartTest gives a test one, and a client to talk to it.
 package redisproc
 
 import (

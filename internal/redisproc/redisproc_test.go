@@ -1,4 +1,4 @@
-package redistest
+package redisproc
 
 import (
 	"strings"
@@ -6,7 +6,7 @@ import (
 )
 
 func TestStartDoRestart(t *testing.T) {
-	s := Start(t)
+	s := StartTest(t)
 	if got := s.Do("SET", "k", "v"); got != "OK" {
 		t.Fatalf("SET: %q", got)
 	}

@@ -1,47 +1,52 @@
-// Package redistest starts private redis-server processes for tests
-// (internal/redisproc), stopped when the test ends, and talks to them.
-// Debian's redis-server is what CI installs (.ci/run).
-package redistest
+package redisproc
 
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/lmwarden/caddy-warden/internal/redisproc"
 )
 
-// Server is one redis-server process of a test.
-type Server struct {
-	*redisproc.Server
+// TestServer is one redis-server process of a test.
+type TestServer struct {
+	*Server
 	t testing.TB
 	// password is --requirepass's, which Do authenticates with.
 	password string
 }
 
-// Start runs a redis-server for the test, with no persistence. Outside CI a
-// machine without redis-server skips the test with a message; under CI
-// (CI set) it fails, as .ci/run installs it. Extra arguments are passed
-// through (for example "--requirepass", "secret").
-func Start(t testing.TB, extra ...string) *Server {
+// Require skips the test on a machine without redis-server, with a
+// message; under CI (CI set) it fails the test instead, as .ci/run
+// installs it.
+func Require(t testing.TB) {
 	t.Helper()
-	proc, err := redisproc.Start(context.Background(), redisproc.Options{Args: extra})
-	switch {
-	case errors.Is(err, redisproc.ErrNotInstalled) && os.Getenv("CI") == "":
-		t.Skipf("%v; skipping", err)
-	case err != nil:
-		t.Fatalf("%v (.ci/run installs Debian's redis-server)", err)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%v (.ci/run installs it)", ErrNotInstalled)
+		}
+		t.Skipf("%v; skipping", ErrNotInstalled)
+	}
+}
+
+// StartTest runs a redis-server for the test (see Require), with no
+// persistence, stopped when the test ends. Extra arguments are passed
+// through (for example "--requirepass", "secret").
+func StartTest(t testing.TB, extra ...string) *TestServer {
+	t.Helper()
+	Require(t)
+	proc, err := Start(context.Background(), Options{Args: extra})
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(proc.Stop)
-	s := &Server{Server: proc, t: t}
+	s := &TestServer{Server: proc, t: t}
 	for i, a := range extra {
 		if a == "--requirepass" && i+1 < len(extra) {
 			s.password = extra[i+1]
@@ -51,10 +56,10 @@ func Start(t testing.TB, extra ...string) *Server {
 }
 
 // Stop kills the server, as a crash would; Restart brings it back, empty.
-func (s *Server) Stop() { s.Kill() }
+func (s *TestServer) Stop() { s.Kill() }
 
 // Restart starts the server again on the same port, empty.
-func (s *Server) Restart() {
+func (s *TestServer) Restart() {
 	s.t.Helper()
 	if err := s.Server.Restart(context.Background()); err != nil {
 		s.t.Fatal(err)
@@ -65,7 +70,7 @@ func (s *Server) Restart() {
 // the server requires a password) and returns the reply's first line (for
 // "+OK", ":12", "$5\r\nvalue" it returns "OK", "12", "value"); errors come
 // back as "ERR ..." text.
-func (s *Server) Do(args ...string) string {
+func (s *TestServer) Do(args ...string) string {
 	s.t.Helper()
 	c, err := net.DialTimeout("tcp", s.Addr, 5*time.Second)
 	if err != nil {
@@ -82,7 +87,7 @@ func (s *Server) Do(args ...string) string {
 	return s.send(c, r, args...)
 }
 
-func (s *Server) send(c net.Conn, r *bufio.Reader, args ...string) string {
+func (s *TestServer) send(c net.Conn, r *bufio.Reader, args ...string) string {
 	s.t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
