@@ -2,6 +2,9 @@ package fleet
 
 import (
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -248,7 +251,47 @@ func TestANewIntervalJudgesTheMetricsAge(t *testing.T) {
 	observe(m, t0, "a:1")
 	m.Apply(m.Prepare(Spec{Replicas: servers("a:1"), MetricsInterval: time.Second}))
 	m.Tick(t0.Add(4 * time.Second))
-	if h, _ := m.Health("a:1", t0.Add(4*time.Second)); h.Healthy || h.Reason != health.ReasonStaleMetrics {
-		t.Errorf("no scrape for 4 s at a 1 s interval: %+v, want stale metrics", h)
+	m.Tick(t0.Add(5 * time.Second))
+	if h, _ := m.Health("a:1", t0.Add(5*time.Second)); h.Healthy || h.Reason != health.ReasonStaleMetrics {
+		t.Errorf("no scrape for 5 s at a 1 s interval: %+v, want stale metrics", h)
+	}
+}
+
+// After this process was stalled (a starved machine), the scrapes that
+// waited to be reported come in one after the other: the first one, of a
+// server, re-evaluates every server, and must not find the others stale
+// and move their conversations a few milliseconds before their own
+// reports.
+func TestAStallMovesNoConversation(t *testing.T) {
+	var changes []string
+	m := New("m", time.Second, t0, func(addr string, _, new health.State) {
+		changes = append(changes, addr+" "+string(new.Reason))
+	})
+	p := m.Prepare(Spec{Replicas: servers("a:1", "b:1"), Routing: selection.Config{Affinity: true}})
+	m.Apply(p)
+	observe(m, t0, "a:1", "b:1")
+	homes := map[string]string{}
+	for c := range 8 {
+		key := fmt.Sprint("conv-", c)
+		rep, _ := p.View().Pick(selection.Request{Key: key, Now: t0}).Replica()
+		homes[key] = rep.ID
+	}
+	if !slices.Contains(slices.Collect(maps.Values(homes)), "b:1") {
+		t.Fatalf("no conversation placed on b:1: %v", homes)
+	}
+	heard := len(changes)
+
+	resumed := t0.Add(5 * time.Second)
+	observe(m, resumed, "a:1") // b:1's report is a few milliseconds behind
+	m.Tick(resumed)
+	for key, home := range homes {
+		if d := p.View().Pick(selection.Request{Key: key, Now: resumed}); d.Outcome != selection.Sticky {
+			rep, _ := d.Replica()
+			t.Errorf("%s went from %s to %s (%v) after the stall", key, home, rep.ID, d.Outcome)
+		}
+	}
+	observe(m, resumed.Add(5*time.Millisecond), "b:1")
+	if len(changes) != heard {
+		t.Errorf("health changes after the stall: %v", changes[heard:])
 	}
 }

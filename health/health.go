@@ -20,7 +20,7 @@ const (
 	ReasonUpstreamUnavailable Reason = "upstream unavailable" // the proxy's health checks marked it down
 	ReasonNoMetrics           Reason = "no metrics yet"       // no scrape has succeeded
 	ReasonMetricsError        Reason = "metrics error"        // metrics are stale and the last scrape failed
-	ReasonStaleMetrics        Reason = "stale metrics"        // no scrape at all lately
+	ReasonStaleMetrics        Reason = "stale metrics"        // no scrape at all lately, for an interval more
 	ReasonNoHealthCheck       Reason = "no health check yet"  // /health has not answered yet
 	ReasonHealthFailed        Reason = "health failed"        // the last /health probe was not 200
 	ReasonOK                  Reason = "ok"
@@ -75,8 +75,9 @@ type Tracker struct {
 	onChange func(old, new State)
 
 	mu             sync.Mutex
-	staleAfter     time.Duration // SetInterval changes it
-	lastSuccessAt  time.Time     // zero until a scrape succeeds
+	staleAfter     time.Duration // SetInterval changes it, and interval
+	interval       time.Duration
+	lastSuccessAt  time.Time // zero until a scrape succeeds
 	firstAttemptAt time.Time
 	lastAttemptAt  time.Time
 	lastErr        error // of the latest scrape attempt
@@ -86,7 +87,10 @@ type Tracker struct {
 	// slowSince is when the /health probes began timing out, zero while
 	// they answer: a busy server may answer late, and gets the grace that
 	// metrics get before it counts as failed.
-	slowSince    time.Time
+	slowSince time.Time
+	// absentSince is when an evaluation first found no scrape ended for
+	// staleAfter, zero since one ended (see absenceConfirmed).
+	absentSince  time.Time
 	upstreamDown bool
 	evaluatedAt  time.Time // latest time a state was computed for
 	state        State
@@ -101,6 +105,7 @@ func NewTracker(cfg Config) *Tracker {
 	}
 	return &Tracker{
 		staleAfter: staleAfter,
+		interval:   cfg.Interval,
 		onChange:   cfg.OnChange,
 		state:      State{Reason: ReasonNoMetrics},
 	}
@@ -111,7 +116,7 @@ func NewTracker(cfg Config) *Tracker {
 func (t *Tracker) SetInterval(interval time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.staleAfter = DefaultStaleIntervals * interval
+	t.staleAfter, t.interval = DefaultStaleIntervals*interval, interval
 }
 
 // ObserveScrape records a /metrics attempt that finished at at; err is nil
@@ -128,6 +133,7 @@ func (t *Tracker) ObserveScrape(at time.Time, err error) {
 	if !at.Before(t.lastAttemptAt) {
 		t.lastAttemptAt, t.lastErr = at, err
 	}
+	t.absentSince = time.Time{}
 	t.evaluateLocked(at)
 }
 
@@ -190,15 +196,15 @@ func (t *Tracker) evaluateLocked(now time.Time) State {
 }
 
 func (t *Tracker) computeLocked(now time.Time) State {
+	old := t.lastSuccessAt.IsZero() || now.Sub(t.lastSuccessAt) > t.staleAfter
 	switch {
 	case t.upstreamDown:
 		return State{Reason: ReasonUpstreamUnavailable}
 	case t.lastSuccessAt.IsZero() && (t.lastErr == nil || timedOut(t.lastErr) && now.Sub(t.firstAttemptAt) <= t.staleAfter):
 		return State{Reason: ReasonNoMetrics} // a first scrape that timed out gets the grace of later ones
-	case t.lastSuccessAt.IsZero() || now.Sub(t.lastSuccessAt) > t.staleAfter:
-		if t.lastErr != nil {
-			return State{Reason: ReasonMetricsError, Detail: t.lastErr.Error()}
-		}
+	case old && t.lastErr != nil:
+		return State{Reason: ReasonMetricsError, Detail: t.lastErr.Error()}
+	case old && t.absenceConfirmed(now):
 		return State{Reason: ReasonStaleMetrics, Detail: "last scrape " + now.Sub(t.lastSuccessAt).String() + " ago"}
 	case !t.healthSeen:
 		return State{Reason: ReasonNoHealthCheck}
@@ -206,6 +212,19 @@ func (t *Tracker) computeLocked(now time.Time) State {
 		return State{Reason: ReasonHealthFailed, Detail: t.healthErr.Error()}
 	}
 	return State{Healthy: true, Reason: ReasonOK}
+}
+
+// absenceConfirmed reports, when no scrape has ended for staleAfter (none
+// failed: the poller has reported nothing), whether that was already so an
+// interval ago. The poller is then late or stuck, not the server: after
+// this process was stalled (a starved machine), the first evaluation finds
+// every scrape late, and the poller's reports, which were only waiting to
+// run, come within the interval.
+func (t *Tracker) absenceConfirmed(now time.Time) bool {
+	if t.absentSince.IsZero() {
+		t.absentSince = now
+	}
+	return now.Sub(t.absentSince) >= t.interval
 }
 
 // timedOut reports whether err is a request that ran out of time, which a

@@ -53,8 +53,12 @@ func TestFreshnessBoundary(t *testing.T) {
 	if !tr.Healthy(t0.Add(3 * interval)) {
 		t.Error("unhealthy exactly 3 intervals after the last scrape")
 	}
-	if tr.Healthy(t0.Add(3*interval + time.Nanosecond)) {
-		t.Error("healthy just past 3 intervals after the last scrape")
+	// Past 3 intervals the absence is seen, and counts once it lasts an interval.
+	if !tr.Healthy(t0.Add(3*interval + time.Nanosecond)) {
+		t.Error("unhealthy as soon as the scrapes were found missing")
+	}
+	if tr.Healthy(t0.Add(4*interval + time.Nanosecond)) {
+		t.Error("healthy an interval after the scrapes were found missing")
 	}
 	st := tr.State(t0.Add(5 * interval))
 	if st.Reason != ReasonStaleMetrics || !strings.Contains(st.Detail, "5s") {
@@ -87,7 +91,11 @@ func TestReasons(t *testing.T) {
 			tr.ObserveHealth(t0, nil)
 			tr.ObserveScrape(t0.Add(4*interval), refused)
 		}, t0.Add(4 * interval), ReasonMetricsError, refused.Error()},
-		{"no scrape lately", func(tr *Tracker) { tr.ObserveScrape(t0, nil); tr.ObserveHealth(t0, nil) }, t0.Add(time.Minute), ReasonStaleMetrics, "last scrape 1m0s ago"},
+		{"no scrape lately", func(tr *Tracker) {
+			tr.ObserveScrape(t0, nil)
+			tr.ObserveHealth(t0, nil)
+			tr.State(t0.Add(time.Minute - interval))
+		}, t0.Add(time.Minute), ReasonStaleMetrics, "last scrape 1m0s ago"},
 		{"upstream unavailable", func(tr *Tracker) {
 			tr.ObserveScrape(t0, nil)
 			tr.ObserveHealth(t0, nil)
@@ -137,8 +145,8 @@ func TestOnChangeFiresOncePerChange(t *testing.T) {
 	}
 	tr.SetUpstreamAvailable(true)
 	tr.State(t0.Add(11 * interval))
-	tr.State(t0.Add(20 * interval)) // stale
-	tr.State(t0.Add(30 * interval))
+	tr.State(t0.Add(20 * interval)) // no scrape lately
+	tr.State(t0.Add(30 * interval)) // still none: stale
 
 	want := []Reason{ReasonNoHealthCheck, ReasonOK, ReasonHealthFailed, ReasonOK, ReasonUpstreamUnavailable, ReasonOK, ReasonStaleMetrics}
 	got := log.reasons()
@@ -150,13 +158,14 @@ func TestOnChangeFiresOncePerChange(t *testing.T) {
 			t.Errorf("change %d starts from %q, the previous ended at %q", i, ch[0].Reason, log.changes[i-1][1].Reason)
 		}
 	}
-	if st := tr.State(t0.Add(30 * interval)); !st.Since.Equal(t0.Add(20 * interval)) {
-		t.Errorf("stale since %v, want the first evaluation that saw it", st.Since)
+	if st := tr.State(t0.Add(31 * interval)); !st.Since.Equal(t0.Add(30 * interval)) {
+		t.Errorf("stale since %v, want the evaluation that found it so", st.Since)
 	}
 }
 
 func TestLateObservationDoesNotReviveStaleMetrics(t *testing.T) {
 	tr, log := healthyAt(t0)
+	tr.State(t0.Add(9 * interval))
 	if tr.Healthy(t0.Add(10 * interval)) {
 		t.Fatal("healthy with 10 s old metrics")
 	}
@@ -247,5 +256,30 @@ func TestTimeoutsGetTheGraceOfStaleMetrics(t *testing.T) {
 	refused.ObserveScrape(t0, errors.New("connection refused"))
 	if st := refused.State(t0); st.Reason != ReasonMetricsError {
 		t.Errorf("a first scrape refused: %v, want metrics error at once", st)
+	}
+}
+
+// When this process was stalled (a starved machine), the first evaluation
+// after it finds the scrapes late, though the server answered them: the
+// poller's reports were only waiting to run. The server stays healthy, and
+// no change is reported; scrapes that stay missing an interval longer (a
+// poller stuck on this server) make it stale.
+func TestAStalledPollerIsNoStaleServer(t *testing.T) {
+	tr, log := healthyAt(t0)
+	n := len(log.reasons())
+	stalled := t0.Add(4 * interval)
+	if st := tr.State(stalled); !st.Healthy {
+		t.Fatalf("after a stall of 4 intervals: %v, want healthy", st)
+	}
+	tr.ObserveScrape(stalled.Add(5*time.Millisecond), nil) // the late report
+	tr.ObserveHealth(stalled.Add(5*time.Millisecond), nil)
+	if st := tr.State(stalled.Add(interval)); !st.Healthy || len(log.reasons()) != n {
+		t.Errorf("after the late reports: %v, changes %v", st, log.reasons()[n:])
+	}
+
+	stuck, _ := healthyAt(t0)
+	stuck.State(stalled)
+	if st := stuck.State(stalled.Add(interval)); st.Reason != ReasonStaleMetrics {
+		t.Errorf("no scrape for an interval after they were found missing: %v, want stale metrics", st)
 	}
 }
