@@ -35,6 +35,10 @@ type PollerConfig struct {
 	// OnHealth, if set, is called after every /health probe: err is nil for
 	// status 200, a *StatusError for another status, or the transport error.
 	OnHealth func(target string, at time.Time, err error)
+
+	// Now reads the clock the reported times are taken on; default
+	// time.Now.
+	Now func() time.Time
 }
 
 // Status is what a Poller last learnt about one target.
@@ -75,6 +79,9 @@ func NewPoller(cfg PollerConfig, targets []string) *Poller {
 	cfg.Interval, cfg.Timeout = pollTimes(cfg.Interval, cfg.Timeout)
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	p := &Poller{cfg: cfg, workers: map[string]*pollWorker{}, status: map[string]*Status{}}
 	p.SetTargets(targets)
@@ -210,6 +217,22 @@ func baseURL(target string) string {
 	return target
 }
 
+// stalled reports whether an attempt that began and ended then, bounded by
+// timeout, ended far past its own deadline: this process was stalled (a
+// starved machine) while it ran, and its failure says nothing of the
+// server (its timeout fired late, or the answer waited to be read). Such
+// an attempt is not reported; the next one, due at once, decides.
+func stalled(began, ended time.Time, timeout time.Duration) bool {
+	return ended.Sub(began) > 2*timeout
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 func dedupe(targets []string) []string {
 	unique := make([]string, 0, len(targets))
 	for _, t := range targets {
@@ -251,20 +274,24 @@ func (p *Poller) pollOnce(ctx context.Context, target string, w *pollWorker) {
 	reqCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
+	began := p.cfg.Now()
 	var healthErr error
 	var healthAt time.Time
 	healthDone := make(chan struct{})
 	go func() {
 		defer close(healthDone)
 		healthErr = ProbeHealth(reqCtx, p.cfg.Client, HealthURL(target))
-		healthAt = time.Now()
+		healthAt = p.cfg.Now()
 	}()
 	scrape, err := Fetch(reqCtx, p.cfg.Client, MetricsURL(target), p.cfg.MaxBytes)
-	scrapedAt := time.Now()
+	scrapedAt := p.cfg.Now()
 	<-healthDone
 
 	if ctx.Err() != nil {
 		return // stopped: the errors are our own cancellation, not the server's
+	}
+	if (err != nil || healthErr != nil) && stalled(began, later(scrapedAt, healthAt), timeout) {
+		return
 	}
 	p.mu.Lock()
 	if p.workers[target] != w {

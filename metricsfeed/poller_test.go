@@ -3,9 +3,12 @@ package metricsfeed
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -249,5 +252,30 @@ func TestPollerFollowsANewInterval(t *testing.T) {
 	}
 	if took := time.Since(start); took > time.Second { // 2 s at the old interval
 		t.Errorf("10 scrapes at 10 ms took %v", took)
+	}
+}
+
+// An attempt that ends far past its deadline was held up by this process
+// (stalled on a starved machine: here its clock jumps an hour while the
+// first scrape waits), not by the server: its timeout is not reported as
+// the server's failure, and the next attempt decides.
+func TestPollerDropsAnAttemptThatOutlivedItsDeadline(t *testing.T) {
+	var jump atomic.Int64 // added to the clock once the stall began
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" && requests.Add(1) == 1 {
+			jump.Store(int64(time.Hour))
+			<-r.Context().Done() // the client's timeout ends it
+			return
+		}
+		fmt.Fprintln(w, `vllm:num_requests_running{engine="0"} 1`)
+	}))
+	defer srv.Close()
+	rec := newRecorder()
+	cfg := rec.config(PollerConfig{Interval: 100 * time.Millisecond, Timeout: 50 * time.Millisecond, Client: srv.Client()})
+	cfg.Now = func() time.Time { return time.Now().Add(time.Duration(jump.Load())) }
+	startPoller(t, NewPoller(cfg, []string{srv.URL}))
+	if o := rec.await(t, "a scrape", func(o observation) bool { return !o.health }); o.err != nil {
+		t.Errorf("the stalled attempt was reported: %v", o.err)
 	}
 }
