@@ -43,7 +43,8 @@ type Options struct {
 	// Seed drives the workload and the simulators (default 1).
 	Seed uint64
 	// Short holds each fault for fewer intervals and skips three of the six
-	// /metrics faults, so that a run fits in a test.
+	// /metrics faults, so that a run fits in a test; it reports, without
+	// holding them to a bound, how long requests took.
 	Short bool
 	// Instances is how many identically configured Caddy instances route
 	// (default 1); with more, a front Caddy sends each request to one at

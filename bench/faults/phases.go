@@ -195,7 +195,10 @@ func (h *harness) checkKill(s span, row *Row, addr, name string) {
 	}
 	row.Notes = append(row.Notes, fmt.Sprintf("%d probe conversations were pinned to %s: each re-placed by its first request after the kill, the slowest in %s",
 		len(pinned), name, Table{MetricsInterval: h.interval}.inIntervals(worst)))
-	if worst > 2*h.interval {
+	// A measured time is held to its bound in the benchmark's full run;
+	// the short one (a test) reports it, as a loaded machine may slow any
+	// request.
+	if worst > 2*h.interval && !h.o.Short {
 		row.Violations = append(row.Violations, "re-placing a conversation took more than two metrics intervals")
 	}
 	samples, _, violations := h.admin.in(s.w)
