@@ -217,20 +217,14 @@ func baseURL(target string) string {
 	return target
 }
 
-// stalled reports whether an attempt that began and ended then, bounded by
+// stalled reports whether a request that began and ended then, bounded by
 // timeout, ended far past its own deadline: this process was stalled (a
 // starved machine) while it ran, and its failure says nothing of the
-// server (its timeout fired late, or the answer waited to be read). Such
-// an attempt is not reported; the next one, due at once, decides.
+// server (its timeout fired late, or the answer waited to be read). Such a
+// failure is not reported; the next attempt, due at once, decides. An
+// answer is always reported.
 func stalled(began, ended time.Time, timeout time.Duration) bool {
 	return ended.Sub(began) > 2*timeout
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 func dedupe(targets []string) []string {
@@ -290,9 +284,8 @@ func (p *Poller) pollOnce(ctx context.Context, target string, w *pollWorker) {
 	if ctx.Err() != nil {
 		return // stopped: the errors are our own cancellation, not the server's
 	}
-	if (err != nil || healthErr != nil) && stalled(began, later(scrapedAt, healthAt), timeout) {
-		return
-	}
+	reportScrape := err == nil || !stalled(began, scrapedAt, timeout)
+	reportHealth := healthErr == nil || !stalled(began, healthAt, timeout)
 	p.mu.Lock()
 	if p.workers[target] != w {
 		p.mu.Unlock()
@@ -303,17 +296,21 @@ func (p *Poller) pollOnce(ctx context.Context, target string, w *pollWorker) {
 		st = &Status{}
 		p.status[target] = st
 	}
-	st.AttemptAt, st.Err = scrapedAt, err
-	if err == nil {
-		st.Scrape, st.ScrapedAt = scrape, scrapedAt
+	if reportScrape {
+		st.AttemptAt, st.Err = scrapedAt, err
+		if err == nil {
+			st.Scrape, st.ScrapedAt = scrape, scrapedAt
+		}
 	}
-	st.HealthAt, st.HealthErr = healthAt, healthErr
+	if reportHealth {
+		st.HealthAt, st.HealthErr = healthAt, healthErr
+	}
 	p.mu.Unlock()
 
-	if p.cfg.OnScrape != nil {
+	if reportScrape && p.cfg.OnScrape != nil {
 		p.cfg.OnScrape(target, scrapedAt, scrape, err)
 	}
-	if p.cfg.OnHealth != nil {
+	if reportHealth && p.cfg.OnHealth != nil {
 		p.cfg.OnHealth(target, healthAt, healthErr)
 	}
 }

@@ -279,3 +279,34 @@ func TestPollerDropsAnAttemptThatOutlivedItsDeadline(t *testing.T) {
 		t.Errorf("the stalled attempt was reported: %v", o.err)
 	}
 }
+
+// A stall drops only the failures it caused: the scrape that answered in
+// the same attempt is reported.
+func TestPollerReportsTheAnswersOfAStalledAttempt(t *testing.T) {
+	var jump atomic.Int64
+	jumped := make(chan struct{})
+	var probes, scrapes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/health" && probes.Add(1) == 1:
+			jump.Store(int64(time.Hour))
+			close(jumped)
+			<-r.Context().Done() // the client's timeout ends it
+		case r.URL.Path == "/metrics":
+			<-jumped // answered after the stall began
+			fmt.Fprintf(w, "vllm:num_requests_running{engine=\"0\"} %d\n", scrapes.Add(1))
+		}
+	}))
+	defer srv.Close()
+	rec := newRecorder()
+	cfg := rec.config(PollerConfig{Interval: 100 * time.Millisecond, Timeout: 50 * time.Millisecond, Client: srv.Client()})
+	cfg.Now = func() time.Time { return time.Now().Add(time.Duration(jump.Load())) }
+	startPoller(t, NewPoller(cfg, []string{srv.URL}))
+	first := rec.await(t, "a report", func(observation) bool { return true })
+	if first.health || first.err != nil || first.scrape.Engines[0].Running != 1 {
+		t.Errorf("first report %+v (health %v): want the first attempt's scrape", first, first.health)
+	}
+	if o := rec.await(t, "a health report", func(o observation) bool { return o.health }); o.err != nil {
+		t.Errorf("the stalled probe's timeout was reported: %v", o.err)
+	}
+}
