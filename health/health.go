@@ -84,6 +84,10 @@ type Tracker struct {
 	healthAt       time.Time
 	healthSeen     bool
 	healthErr      error
+	// answerErr is the latest answered /health probe's error (nil for
+	// 200): a probe that timed out says nothing new, so a server that
+	// answered 503 stays failed through it.
+	answerErr error
 	// slowSince is when the /health probes began timing out, zero while
 	// they answer: a busy server may answer late, and gets the grace that
 	// metrics get before it counts as failed.
@@ -144,6 +148,9 @@ func (t *Tracker) ObserveHealth(at time.Time, err error) {
 	defer t.mu.Unlock()
 	if !t.healthSeen || !at.Before(t.healthAt) {
 		t.healthAt, t.healthErr, t.healthSeen = at, err, true
+		if !timedOut(err) {
+			t.answerErr = err
+		}
 		switch {
 		case !timedOut(err):
 			t.slowSince = time.Time{}
@@ -208,7 +215,7 @@ func (t *Tracker) computeLocked(now time.Time) State {
 		return State{Reason: ReasonStaleMetrics, Detail: "last scrape " + now.Sub(t.lastSuccessAt).String() + " ago"}
 	case !t.healthSeen:
 		return State{Reason: ReasonNoHealthCheck}
-	case t.healthErr != nil && (!timedOut(t.healthErr) || now.Sub(t.slowSince) > t.staleAfter):
+	case t.healthErr != nil && (!timedOut(t.healthErr) || t.answerErr != nil || now.Sub(t.slowSince) > t.staleAfter):
 		return State{Reason: ReasonHealthFailed, Detail: t.healthErr.Error()}
 	}
 	return State{Healthy: true, Reason: ReasonOK}

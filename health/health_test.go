@@ -283,3 +283,24 @@ func TestAStalledPollerIsNoStaleServer(t *testing.T) {
 		t.Errorf("no scrape for an interval after they were found missing: %v, want stale metrics", st)
 	}
 }
+
+// A /health probe that times out while the server answers 503 (a loaded
+// machine) keeps it failed: the grace of timeouts is for a server whose
+// last answer was 200.
+func TestATimeoutAfterA503KeepsItFailed(t *testing.T) {
+	tr, log := healthyAt(t0)
+	dead := errors.New("GET http://127.0.0.1:8001/health: status 503")
+	tr.ObserveScrape(t0.Add(interval), nil)
+	tr.ObserveHealth(t0.Add(interval), dead)
+	n := len(log.reasons())
+	tr.ObserveScrape(t0.Add(2*interval), nil)
+	tr.ObserveHealth(t0.Add(2*interval), context.DeadlineExceeded)
+	if st := tr.State(t0.Add(2 * interval)); st.Healthy || len(log.reasons()) != n {
+		t.Errorf("a timeout after a 503: %v, changes %v; want still failed", st, log.reasons()[n:])
+	}
+	tr.ObserveHealth(t0.Add(3*interval), nil)
+	tr.ObserveHealth(t0.Add(4*interval), context.DeadlineExceeded)
+	if st := tr.State(t0.Add(4 * interval)); !st.Healthy {
+		t.Errorf("a timeout after a 200: %v, want the grace of timeouts", st)
+	}
+}
