@@ -39,6 +39,10 @@ type request struct {
 
 func (r request) failed() bool { return !r.ok && !r.cut }
 
+// spilled reports whether warden sent the request off its conversation's
+// pin for load, keeping the pin.
+func (r request) spilled() bool { return r.outcome == "spilled" }
+
 // streaming reports whether the response had started: such a request cannot
 // be retried by the proxy once its replica dies.
 func (r request) streaming() bool { return r.status == 200 && r.engine != "" }
@@ -165,7 +169,7 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 				}
 				path = append(path, step)
 			}
-			if r.outcome == "spilled" || slices.ContainsFunc(rules.exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+			if r.spilled() || slices.ContainsFunc(rules.exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
 				continue
 			}
 			server := r.server()

@@ -181,11 +181,11 @@ func (h *harness) checkGracefulRestart(s span, row *Row) {
 }
 
 // pinsAt maps each conversation to the server of its last success that
-// ended before t.
+// ended before t, spills left out (they keep the pin).
 func pinsAt(reqs []request, t time.Time) map[string]string {
 	last := map[string]request{}
 	for _, r := range reqs {
-		if r.ok && r.end.Before(t) && r.end.After(last[r.conv].end) {
+		if r.ok && !r.spilled() && r.end.Before(t) && r.end.After(last[r.conv].end) {
 			last[r.conv] = r
 		}
 	}
@@ -258,8 +258,9 @@ func servedThrough(reqs []request, instance string, t time.Time) []string {
 }
 
 // returned checks, for each of convs with a home, its successes started at
-// or after t (through instance, if not empty): checked counts those with
-// any, back those whose every such success was on the home server.
+// or after t (through instance, if not empty), spills left out:
+// checked counts those with any, back those whose every such success was
+// on the home server.
 func returned(reqs []request, convs []string, homes map[string]string, t time.Time, instance string) (back, checked int) {
 	for _, conv := range convs {
 		home, ok := homes[conv]
@@ -268,7 +269,7 @@ func returned(reqs []request, convs []string, homes map[string]string, t time.Ti
 		}
 		seen, all := false, true
 		for _, r := range reqs {
-			if r.conv != conv || !r.ok || r.start.Before(t) || (instance != "" && r.instance != instance) {
+			if r.conv != conv || !r.ok || r.spilled() || r.start.Before(t) || (instance != "" && r.instance != instance) {
 				continue
 			}
 			seen = true
@@ -285,7 +286,8 @@ func returned(reqs []request, convs []string, homes map[string]string, t time.Ti
 }
 
 // movedAfter shows, for each of convs whose successes from t on were not
-// all on its home, the servers they went to and when, relative to t.
+// all on its home (spills left out), the servers they went to and when,
+// relative to t, with warden's outcome where it was not sticky.
 func movedAfter(reqs []request, convs []string, homes map[string]string, t time.Time) []string {
 	var out []string
 	for _, conv := range convs {
@@ -295,13 +297,16 @@ func movedAfter(reqs []request, convs []string, homes map[string]string, t time.
 				after = append(after, r)
 			}
 		}
-		if !slices.ContainsFunc(after, func(r request) bool { return r.server() != homes[conv] }) {
+		if !slices.ContainsFunc(after, func(r request) bool { return !r.spilled() && r.server() != homes[conv] }) {
 			continue
 		}
 		slices.SortFunc(after, func(a, b request) int { return a.start.Compare(b.start) })
 		path := conv + " (was " + homes[conv] + "):"
 		for _, r := range after {
 			path += fmt.Sprintf(" %s@%v", r.server(), r.start.Sub(t).Round(time.Millisecond))
+			if r.outcome != "" && r.outcome != "sticky" {
+				path += "(" + r.outcome + ")"
+			}
 		}
 		out = append(out, path)
 	}

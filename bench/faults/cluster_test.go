@@ -24,6 +24,9 @@ func TestPinsStickinessAndReturn(t *testing.T) {
 		req("b", 220, "r2/0", "i2"),
 		req("b", 230, "r1/0", "i1"), // moved back: the last off-final turn is b's at 220
 	}
+	spill := req("a", 240, "r2/0", "i1") // sent off its pin for load, which keeps the pin
+	spill.outcome = "spilled"
+	reqs = append(reqs, spill)
 	homes := pinsAt(reqs, at(100))
 	if len(homes) != 2 || homes["a"] != "r0" || homes["b"] != "r1" {
 		t.Fatalf("pins at the kill: %v", homes)
