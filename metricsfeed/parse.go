@@ -41,6 +41,7 @@ const (
 	FieldBlockSize
 	FieldNumGPUBlocks
 	FieldReportedHitRate
+	FieldTTFT
 )
 
 // LoadFields are the gauges a router needs to judge an engine's load.
@@ -75,6 +76,11 @@ type EngineStats struct {
 	// with counters do not publish it; absent when the engine reports -1
 	// (prefix caching disabled).
 	ReportedHitRate float64 `json:"reported_hit_rate"`
+
+	// TTFTSeconds and TTFTCount are the sum and count of the engine's
+	// time-to-first-token histogram (vllm:time_to_first_token_seconds).
+	TTFTSeconds float64 `json:"ttft_seconds"`
+	TTFTCount   float64 `json:"ttft_count"`
 
 	BlockSize    int `json:"block_size"`     // tokens per KV block, from cache_config_info
 	NumGPUBlocks int `json:"num_gpu_blocks"` // KV blocks on the GPU, from cache_config_info
@@ -240,6 +246,7 @@ func setReportedHitRate(e *EngineStats, v float64) error {
 const (
 	cacheConfigInfo  = "vllm:cache_config_info"
 	processStartTime = "process_start_time_seconds"
+	ttftHistogram    = "vllm:time_to_first_token_seconds"
 )
 
 // Parse reads a Prometheus text exposition from a vLLM server and returns its
@@ -305,6 +312,24 @@ func Parse(r io.Reader) (Scrape, error) {
 			if n, ok := positiveIntLabel(m, "num_gpu_blocks"); ok {
 				e.NumGPUBlocks, e.Present = n, e.Present|FieldNumGPUBlocks
 			}
+		}
+	}
+
+	if family := families[ttftHistogram]; family != nil {
+		for _, m := range family.GetMetric() {
+			h := m.GetHistogram()
+			if h == nil {
+				continue
+			}
+			sum, count := h.GetSampleSum(), float64(h.GetSampleCount())
+			if math.IsNaN(sum) || math.IsInf(sum, 0) || sum < 0 || sum > maxCounter || count > maxCounter {
+				return Scrape{}, fmt.Errorf("metricsfeed: %s: invalid sum %g or count %g", ttftHistogram, sum, count)
+			}
+			e, err := engineFor(m)
+			if err != nil {
+				return Scrape{}, fmt.Errorf("metricsfeed: %s: %w", ttftHistogram, err)
+			}
+			e.TTFTSeconds, e.TTFTCount, e.Present = e.TTFTSeconds+sum, e.TTFTCount+count, e.Present|FieldTTFT
 		}
 	}
 

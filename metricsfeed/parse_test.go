@@ -33,16 +33,18 @@ func TestParseTwoEngines(t *testing.T) {
 			Model: model, Engine: 0, Running: 5, Waiting: 2, KVUsage: 0.45,
 			PrefixQueries: 120000, PrefixHits: 96000, PromptTokens: 118000, PromptTokensCached: 95000,
 			GenerationTokens: 7300, Preemptions: 1, RequestSuccess: 30, BlockSize: 16, NumGPUBlocks: 2500,
+			TTFTSeconds: 11.2, TTFTCount: 30,
 		},
 		{
 			Model: model, Engine: 1, Running: 3, Waiting: 0, KVUsage: 0.32,
 			PrefixQueries: 80000, PrefixHits: 40000, PromptTokens: 79000, PromptTokensCached: 39500,
 			GenerationTokens: 5100, Preemptions: 0, RequestSuccess: 12, BlockSize: 16, NumGPUBlocks: 2496,
+			TTFTSeconds: 19.5, TTFTCount: 12,
 		},
 	}
 	allFields := FieldRunning | FieldWaiting | FieldKVUsage | FieldPrefixQueries | FieldPrefixHits |
 		FieldPromptTokens | FieldPromptTokensCached | FieldGenerationTokens | FieldPreemptions |
-		FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks
+		FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks | FieldTTFT
 	for i, got := range s.Engines {
 		want[i].Present = allFields
 		if withoutCreated(got) != want[i] {
