@@ -244,6 +244,9 @@ func runSeries(cfg Config, seed int64, policies []string, levels []int, rows []r
 				return fmt.Errorf("lab: %s at %d sessions, seed %d: %w", name, sessions, seed, err)
 			}
 			rows[i] = out.row(name)
+			if o, ok := policy.(outcomeCounter); ok {
+				rows[i].Outcomes = o.outcomes()
+			}
 			i++
 			done()
 		}

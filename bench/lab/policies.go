@@ -97,6 +97,25 @@ func (p *wardenPolicy) decide(a Arrival) (int, selection.Decision) {
 	return p.index[rep.ID], d
 }
 
+// outcomeCounter is a policy that counts why it routed each request where
+// it did (selection.Outcome), since it started.
+type outcomeCounter interface{ outcomes() map[string]uint64 }
+
+func (p *wardenPolicy) outcomes() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, r := range p.view.Status().Replicas {
+		for name, n := range map[string]uint64{
+			"sticky": r.Sticky, "placed": r.Placed, "replaced": r.Replaced, "spilled": r.SpilledIn,
+			"unpinned": r.Unpinned, "joined": r.Joined, "rehomed": r.Rehomed,
+		} {
+			if n > 0 {
+				out[name] += n
+			}
+		}
+	}
+	return out
+}
+
 // scrapeOf is what metricsfeed parses from the engine's /metrics as the
 // simulator serves it: one engine, every series present.
 func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {

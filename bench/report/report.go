@@ -82,6 +82,10 @@ type Row struct {
 	SessionsCompleted int `json:"sessions_completed"`
 	// Preemptions is the engines' preemption count over the window.
 	Preemptions uint64 `json:"preemptions"`
+	// Outcomes counts, for a warden policy in the lab, why it routed each
+	// request where it did (sticky, placed, spilled, rehomed...), warm-up
+	// included.
+	Outcomes map[string]uint64 `json:"outcomes,omitempty"`
 	// Replicas is the number of replicas (engines) behind the router.
 	Replicas int `json:"replicas,omitempty"`
 	// Topology is how the end-to-end run laid out replicas: servers or ranks.
@@ -145,20 +149,26 @@ func (r *Row) SetClientSide(sum agentload.Summary, timeScale float64) {
 // File is the JSON document written by --json.
 type File struct {
 	Runs []Row `json:"runs"`
+	// Shapes describes the workloads the runs' Workload names, when they
+	// were drawn at random (wardenbench shapes).
+	Shapes json.RawMessage `json:"shapes,omitempty"`
 }
 
 // WriteJSON writes rows to path as a File. Seed rows, which leave some
 // columns unmeasured (NaN), cannot be written.
-func WriteJSON(path string, rows []Row) error {
-	for _, r := range rows {
+func WriteJSON(path string, rows []Row) error { return WriteFile(path, File{Runs: rows}) }
+
+// WriteFile writes f to path, refusing rows WriteJSON would.
+func WriteFile(path string, f File) error {
+	for _, r := range f.Runs {
 		if err := checkFinite(r); err != nil {
 			return err
 		}
 	}
-	if rows == nil {
-		rows = []Row{}
+	if f.Runs == nil {
+		f.Runs = []Row{}
 	}
-	b, err := json.MarshalIndent(File{Runs: rows}, "", "  ")
+	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	c.register(fs)
 	warm := fs.Bool("warm", false, "keep one fleet for every run of a seed (policies then levels, as the seed did) instead of a fresh fleet per run")
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
+	tail := fs.Duration("conversation-tail", lab.DefaultConversationTail, "how long past the window the load goes on so that the conversations sent in it end and are timed")
 	bodyBytes := fs.Float64("body-bytes-per-token", 0, "request body bytes per prompt token as the proxy sees them (0: the simulator's 4); models a denser or looser tokenizer")
 	if err := parseAll(fs, args); err != nil {
 		return err
@@ -30,7 +31,7 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.Warm, cfg.BodyBytesPerToken = *warm, *bodyBytes
+	cfg.Warm, cfg.BodyBytesPerToken, cfg.ConversationTail = *warm, *bodyBytes, *tail
 	plan := lab.Plan{Policies: c.policies, Levels: c.levels, Seeds: c.seedList()}
 
 	bar := newProgress(stderr, plan.Runs(), "lab")

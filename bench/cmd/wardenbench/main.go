@@ -9,6 +9,9 @@
 //	wardenbench grid  the lab over a grid of think times, levels, replica
 //	                  counts and conversation shapes: warden against the
 //	                  best baseline in every cell (docs/grid.md)
+//	wardenbench shapes  the lab on workload shapes drawn at random from wide
+//	                    ranges: where each warden mode loses to the best
+//	                    baseline (docs/shapes.md)
 //	wardenbench demo    a short end-to-end run at 4 and 16 sessions
 //	wardenbench faults  reloads, a killed replica, broken /metrics and /health
 //	                    under load: the fault table of docs/reliability.md
@@ -31,6 +34,7 @@ import (
 var subcommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
 	"lab":    runLab,
 	"grid":   runGrid,
+	"shapes": runShapes,
 	"run":    runEndToEnd,
 	"demo":   runDemo,
 	"faults": runFaults,
@@ -44,7 +48,7 @@ func main() {
 
 func mainWithArgs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(stderr, "usage: wardenbench lab|grid|run|demo|faults [flags]  (wardenbench SUBCOMMAND -h for the flags)")
+		fmt.Fprintln(stderr, "usage: wardenbench lab|grid|shapes|run|demo|faults [flags]  (wardenbench SUBCOMMAND -h for the flags)")
 		if len(args) == 0 {
 			return 2
 		}
@@ -52,7 +56,7 @@ func mainWithArgs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	cmd, ok := subcommands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "wardenbench: unknown subcommand %q (want lab, grid, run, demo or faults)\n", args[0])
+		fmt.Fprintf(stderr, "wardenbench: unknown subcommand %q (want lab, grid, shapes, run, demo or faults)\n", args[0])
 		return 2
 	}
 	if err := cmd(ctx, args[1:], stdout, stderr); err != nil {
