@@ -29,8 +29,9 @@ type ModelConfig struct {
 	// command line of the processes the app launches, else takes what vLLM
 	// runs without the flag (vllmDefaultMaxNumSeqs).
 	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
-	// SpillThreshold: in-flight requests above which a pinned replica sheds
-	// a request. 0 means auto: max_num_seqs/4. Always written, so that
+	// SpillThreshold: requests in flight above which a pinned conversation
+	// moves. 0 means auto: it moves only where its turn starts sooner
+	// (selection/cost.go). Always written, so that
 	// `PATCH /config/apps/warden/models/<m>/spill_threshold` finds it.
 	SpillThreshold int `json:"spill_threshold"`
 	// Affinity pins sessions to replicas (default true). Change it at

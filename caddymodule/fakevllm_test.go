@@ -42,7 +42,14 @@ type fakeVLLM struct {
 	lastPrompt map[string]int // by engine and session: the prefix that engine holds
 }
 
-type engineTokens struct{ prompt, cached, generated int }
+type engineTokens struct {
+	prompt, cached, generated int
+	ttft                      float64 // seconds, summed: the uncached part at fakePrefillRate
+}
+
+// fakePrefillRate is the rate at which the fake's time to first token
+// grows with the uncached part of a prompt, in tokens (bytes) per second.
+const fakePrefillRate = 200000
 
 // The KV cache each fake engine reports: 40,000 tokens, as an A4000's.
 const (
@@ -113,6 +120,7 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 	f.tokens[engine].prompt += len(body)
 	f.tokens[engine].cached += cached
 	f.tokens[engine].generated++
+	f.tokens[engine].ttft += float64(len(body)-cached) / fakePrefillRate
 	f.lastPrompt[held] = len(body)
 	f.mu.Unlock()
 	f.running[engine].Add(1)
@@ -186,6 +194,12 @@ func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {
 		for e, t := range tokens {
 			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"m\"} %d\n", name, e, c.value(t))
 		}
+	}
+	b.WriteString("# TYPE vllm:time_to_first_token_seconds histogram\n")
+	for e, t := range tokens {
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{engine=\"%d\",model_name=\"m\",le=\"+Inf\"} %d\n", e, t.generated)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_sum{engine=\"%d\",model_name=\"m\"} %g\n", e, t.ttft)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_count{engine=\"%d\",model_name=\"m\"} %d\n", e, t.generated)
 	}
 	fmt.Fprint(w, b.String())
 }

@@ -280,15 +280,17 @@ func TestReplicasMode(t *testing.T) {
 		if got := spilled(f.status(t)) - before; got < 1 {
 			t.Errorf("admin JSON counted %d spills", got)
 		}
-		if served := f.turn(t, "spill"); served != pin {
-			t.Errorf("after the burst served by %s, pinned to %s", served, pin)
+		// A spill moves the conversation: it stays where it went.
+		after := f.turn(t, "spill")
+		if again := f.turn(t, "spill"); again != after {
+			t.Errorf("after the burst served by %s, then %s (first pinned to %s)", after, again, pin)
 		}
 		var st caddymodule.ModelStatus
 		if err := f.caddy.Do(http.MethodPost, "/warden/models/m/spill_threshold", map[string]bool{"auto": true}, &st); err != nil {
 			t.Fatal(err)
 		}
-		if st.SpillThreshold != 32 || !st.SpillThresholdAuto {
-			t.Errorf("back to auto: threshold %d auto=%v, want 32 auto", st.SpillThreshold, st.SpillThresholdAuto)
+		if st.SpillThreshold != 0 || !st.SpillThresholdAuto {
+			t.Errorf("back to auto: threshold %d auto=%v, want 0 auto", st.SpillThreshold, st.SpillThresholdAuto)
 		}
 	})
 

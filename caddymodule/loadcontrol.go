@@ -35,9 +35,6 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	if held.id.Auxiliary {
 		return true // a side call the agent names: small, and its own prompt
 	}
-	if p.view.WantsPrefix(held.id.Key) {
-		readPrefix(r, &held.body)
-	}
 	ctx := r.Context()
 	ready := make(chan struct{})
 	// After the body read for its prefix, if it was: the wait counts the
@@ -115,12 +112,13 @@ func requestBody(r *http.Request) selection.Body {
 // (images, documents) is handed on unread, and teaches nothing.
 const maxPrefixBody = 8 << 20
 
-// readPrefix reads the body of a turn load control wants the prefix of
-// (View.WantsPrefix), hands it on intact and sets body to its size and the
-// system prompt and tool parts it declares, wherever they stand in it
-// (Claude Code sends them after the messages), from which load control
-// learns the prefix conversations share when the replies do not report
-// it. A body of unannounced length read whole also gives its exact size.
+// readPrefix reads the body of a turn warden wants the prefix of
+// (View.WantsPrefix: a new conversation's, while the replies have not told
+// it), hands it on intact and sets body to its size and the system prompt
+// and tool parts it declares, wherever they stand in it (Claude Code sends
+// them after the messages), from which warden learns the prefix
+// conversations share. A body of unannounced length read whole also gives
+// its exact size.
 func readPrefix(r *http.Request, body *selection.Body) {
 	if !jsonBody(r) {
 		return

@@ -33,8 +33,9 @@ var (
 	descKV           = desc("replica_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc at the last scrape (0..1).", replicaLabels...)
 	descHitRate      = desc("replica_prefix_cache_hit_ratio", "Prefix-cache hits / queries over the last 5 minutes, from the replica's own counters (V0 servers: their own hit-rate gauge); no sample while unknown (no counters, or no query).", replicaLabels...)
 	descAffinity     = desc("affinity_enabled", "1 when the model pins sessions.", "model")
-	descThreshold    = desc("spill_threshold", "In-flight requests above which a pinned replica sheds a request.", "model")
-	descTypical      = desc("typical_prompt_tokens", "The requests' prompt size in tokens, estimated from their bodies and smoothed over about the last hundred; the auto spill threshold reads it. No sample before a request told its size.", "model")
+	descThreshold    = desc("spill_threshold", "The manual spill threshold: requests in flight above which a pinned conversation moves; 0 when moves follow their expected cost (auto).", "model")
+	descTypical      = desc("typical_prompt_tokens", "The requests' prompt size in tokens, estimated from their bodies and smoothed over about the last hundred. No sample before a request told its size.", "model")
+	descPrefillRate  = desc("prefill_tokens_per_second", "The replicas' prefill rate learnt from their counters (prompt tokens computed per second of time to first token), which moves are costed with. No sample before it is known.", "model")
 	descUnkeyed      = desc("unkeyed_requests_total", "Requests without a session key.", "model")
 	descNoReplica    = desc("no_replica_total", "Requests for which no replica was usable.", "model")
 	descEvicted      = desc("sessions_evicted_total", "Sessions dropped because the session table was full.", "model")
@@ -50,7 +51,7 @@ var (
 	descStoreSkipped = desc("pin_store_skipped_total", "Store calls not made while the store was down; those conversations were routed locally.", "model")
 
 	allDescs = []*prometheus.Desc{descInFlight, descRequests, descPlaced, descReplaced, descSessions, descActive,
-		descHealthy, descRunning, descWaiting, descKV, descHitRate, descAffinity, descThreshold, descTypical, descUnkeyed,
+		descHealthy, descRunning, descWaiting, descKV, descHitRate, descAffinity, descThreshold, descTypical, descPrefillRate, descUnkeyed,
 		descNoReplica, descEvicted, descExpired, descPromptTokens, descGenTokens, descAdopted,
 		descStoreUp, descStoreClaims, descStoreRepins, descStoreAdopted, descStoreReclaim, descStoreSkipped}
 
@@ -113,6 +114,9 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descThreshold, float64(st.SpillThreshold), name)
 		if st.TypicalPromptTokens > 0 {
 			gauge(descTypical, float64(st.TypicalPromptTokens), name)
+		}
+		if st.PrefillTokensPerSecond != nil {
+			gauge(descPrefillRate, *st.PrefillTokensPerSecond, name)
 		}
 		counter(descUnkeyed, st.Unkeyed, name)
 		counter(descNoReplica, st.NoReplica, name)

@@ -237,7 +237,7 @@ func TestPanelDataOfLiveModel(t *testing.T) {
 	if got == nil {
 		t.Fatalf("model missing from %+v", data.Models)
 	}
-	if len(got.Replicas) != 1 || got.Replicas[0].Address != "127.0.0.1:9" || got.SpillThreshold != 8 || !got.Affinity {
+	if len(got.Replicas) != 1 || got.Replicas[0].Address != "127.0.0.1:9" || got.SpillThreshold != 0 || !got.SpillThresholdAuto || !got.Affinity {
 		t.Errorf("status not carried: %+v", got.ModelStatus)
 	}
 	if got.SinceHuman != "3 minutes ago" {

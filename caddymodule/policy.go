@@ -209,8 +209,9 @@ func (f *inFlight) release() {
 	d := f.d
 	f.d, f.ended = selection.Decision{}, true
 	f.mu.Unlock()
-	d.End(reply)
-	f.ticket.End(time.Now(), reply)
+	now := time.Now()
+	d.End(now, reply)
+	f.ticket.End(now, reply)
 }
 
 // Select picks the upstream of the replica chosen for r. It runs for every
@@ -236,13 +237,16 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		// A client that chose its replica is not held: load control would
 		// count its conversation where it admits it, not where it goes.
 		held.body = requestBody(r) // once: a retry is the same prompt
+		if p.view.WantsPrefix(held.id.Key) {
+			readPrefix(r, &held.body)
+		}
 		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
 			held.turnedAway = true
 			return nil
 		}
 		context.AfterFunc(ctx, held.release)
 	}
-	req.PromptTokens = p.view.EstimateTokens(held.body.Bytes)
+	req.PromptTokens, req.Prefix = p.view.EstimateTokens(held.body.Bytes), held.body.Prefix
 	req.Now = time.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,

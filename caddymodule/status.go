@@ -27,17 +27,22 @@ type ModelStatus struct {
 	// "vllm_default" (what vLLM runs without the flag on most GPUs).
 	MaxNumSeqsSource string `json:"max_num_seqs_source"`
 	// TypicalPromptTokens is the requests' prompt size, estimated from
-	// their bodies and smoothed; the auto spill threshold reads it.
-	TypicalPromptTokens int     `json:"typical_prompt_tokens"`
-	StickyPercent       float64 `json:"sticky_percent"`
-	InFlight            int64   `json:"in_flight"`
-	Sessions            int64   `json:"sessions"`
-	Requests            uint64  `json:"requests"`
-	Unkeyed             uint64  `json:"unkeyed"`
-	NoReplica           uint64  `json:"no_replica"`
-	SessionsEvicted     uint64  `json:"sessions_evicted"`
-	SessionsExpired     uint64  `json:"sessions_expired"`
-	CompactionsIgnored  uint64  `json:"compactions_ignored"` // hints within compaction_interval of the last placement
+	// their bodies and smoothed.
+	TypicalPromptTokens int `json:"typical_prompt_tokens"`
+	// PrefillTokensPerSecond is the replicas' prefill rate learnt from
+	// their counters, and TurnSeconds the requests' duration, smoothed:
+	// what a move's expected cost is measured with. Null until known.
+	PrefillTokensPerSecond *float64 `json:"prefill_tokens_per_second"`
+	TurnSeconds            *float64 `json:"turn_seconds"`
+	StickyPercent          float64  `json:"sticky_percent"`
+	InFlight               int64    `json:"in_flight"`
+	Sessions               int64    `json:"sessions"`
+	Requests               uint64   `json:"requests"`
+	Unkeyed                uint64   `json:"unkeyed"`
+	NoReplica              uint64   `json:"no_replica"`
+	SessionsEvicted        uint64   `json:"sessions_evicted"`
+	SessionsExpired        uint64   `json:"sessions_expired"`
+	CompactionsIgnored     uint64   `json:"compactions_ignored"` // hints within compaction_interval of the last placement
 	// PrefixHitRate is the fleet's, over the last 5 minutes, from the
 	// replicas' prefix-cache counters (else the mean of their own V0 hit-rate
 	// gauges); nil (JSON null) when no replica publishes either, or none
@@ -253,26 +258,28 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 	admission := view.Admission()
 	f := l.model.fleet
 	out := ModelStatus{
-		Model:               st.Model,
-		Mode:                "replicas",
-		Affinity:            st.Affinity,
-		SpillThreshold:      st.SpillThreshold,
-		SpillThresholdAuto:  st.SpillThresholdAuto,
-		MaxNumSeqs:          st.MaxNumSeqs,
-		MaxNumSeqsSource:    l.cfg.maxNumSeqsSource,
-		TypicalPromptTokens: int(math.Round(st.TypicalPrompt)),
-		StickyPercent:       st.StickyPercent,
-		InFlight:            st.InFlight,
-		Sessions:            st.Sessions,
-		Requests:            st.Requests,
-		Unkeyed:             st.Unkeyed,
-		NoReplica:           st.NoReplica,
-		SessionsEvicted:     st.Evicted,
-		SessionsExpired:     st.Expired,
-		CompactionsIgnored:  st.CompactionsIgnored,
-		Since:               st.Since,
-		Replicas:            make([]ReplicaStatus, 0, len(st.Replicas)),
-		PinSnapshot:         l.model.pinStatus(l),
+		Model:                  st.Model,
+		Mode:                   "replicas",
+		Affinity:               st.Affinity,
+		SpillThreshold:         st.SpillThreshold,
+		SpillThresholdAuto:     st.SpillThresholdAuto,
+		MaxNumSeqs:             st.MaxNumSeqs,
+		MaxNumSeqsSource:       l.cfg.maxNumSeqsSource,
+		TypicalPromptTokens:    int(math.Round(st.TypicalPrompt)),
+		PrefillTokensPerSecond: known(math.Round(st.PrefillRate), st.PrefillRate > 0),
+		TurnSeconds:            known(math.Round(st.TurnSeconds*1000)/1000, st.TurnSeconds > 0),
+		StickyPercent:          st.StickyPercent,
+		InFlight:               st.InFlight,
+		Sessions:               st.Sessions,
+		Requests:               st.Requests,
+		Unkeyed:                st.Unkeyed,
+		NoReplica:              st.NoReplica,
+		SessionsEvicted:        st.Evicted,
+		SessionsExpired:        st.Expired,
+		CompactionsIgnored:     st.CompactionsIgnored,
+		Since:                  st.Since,
+		Replicas:               make([]ReplicaStatus, 0, len(st.Replicas)),
+		PinSnapshot:            l.model.pinStatus(l),
 		LoadControl: LoadControlStatus{
 			Enabled:            st.Admission.Enabled,
 			Fill:               admission.Fill,

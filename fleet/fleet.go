@@ -168,6 +168,7 @@ func (m *Model) ObserveScrape(addr string, at time.Time, s metricsfeed.Scrape, e
 		load := selection.Load{} // unknown: scored as full
 		if err == nil {
 			load = replicaLoad(rep, s)
+			load.At = at
 		}
 		m.router.SetLoad(rep.ID, load)
 	}
@@ -246,6 +247,10 @@ func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
 		}
 		if e.Has(metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits | metricsfeed.FieldGenerationTokens) {
 			l.Written += e.PrefixQueries - e.PrefixHits + e.GenerationTokens
+		}
+		if e.Has(metricsfeed.FieldPromptTokens | metricsfeed.FieldPromptTokensCached | metricsfeed.FieldTTFT) {
+			l.Prefilled += e.PromptTokens - e.PromptTokensCached
+			l.TTFTSeconds += e.TTFTSeconds
 		}
 		engines++
 	}

@@ -206,12 +206,6 @@ type gate struct {
 	// (aside.go).
 	expiries list.List
 	expired  map[uint64]*list.Element
-	// shared is the prefix new conversations find cached, which a replica
-	// holds once for all its residents; declaredShared the body bytes their
-	// requests share, which stand for it until the replies tell
-	// (sharedprefix.go).
-	shared, declaredShared sharedPrefix
-	declared               declaredPrefixes
 	// owed is, for each replica a resident left, the residents whose
 	// cache the engine would evict before the departed's (touch.go).
 	owed map[*replicaState]*departure
@@ -257,7 +251,7 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	notify := v.expire(now.UnixNano())
 	if g.residents[key] == nil {
 		g.noteLateReturn(key, now.UnixNano())
-		g.noteDeclared(key, body.Prefix)
+		v.router.prefix.noteRequest(key, body.Prefix)
 	}
 	switch res := g.rides(t); {
 	case res != nil:
@@ -281,19 +275,23 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	return t
 }
 
-// WantsPrefix reports whether Admit would learn from the prefix parts of a
-// turn of key (Body.Prefix): load control is on, the replies have not told
-// the shared prefix, and key's conversation is not resident. A resident's
-// turns, most of them, teach nothing new, and their bodies need not be
-// read.
+// WantsPrefix reports whether a request's body is worth reading for its
+// system prompt and tool parts (Request.Prefix, Body.Prefix), from which the
+// router learns the prefix conversations share while the replies have not
+// told it: a conversation's new to the router, or, with load control, one
+// not resident. Other turns, most of them, teach nothing new, and their
+// bodies need not be read.
 func (v *View) WantsPrefix(key uint64) bool {
-	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
+	if !v.cfg.Affinity || key == 0 || v.router.prefix.repliesKnown() {
 		return false
+	}
+	if !v.cfg.Admission.Enabled {
+		return !v.router.knows(key)
 	}
 	g := v.router.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return !g.shared.known() && g.residents[key] == nil
+	return g.residents[key] == nil
 }
 
 // estimate sizes the turn's prompt at the bytes per token learned so far.
@@ -381,7 +379,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 		// vLLM leaves the cached part out when it is 0: once it has
 		// reported one, a reply without it found nothing cached.
 		if t.placedBeside && (reply.CacheReported || g.cacheReplies > 0) {
-			g.shared.observe(min(reply.CachedTokens, reply.PromptTokens))
+			t.view.router.prefix.noteReply(min(reply.CachedTokens, reply.PromptTokens))
 		}
 		if t.res.running == 0 {
 			underestimated = t.assumed && float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
@@ -877,8 +875,7 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 		Resident: g.resident, NonResident: g.nonResident,
 		LateShare: g.lateShare, SteppedAside: v.cfg.Admission.Enabled && v.cfg.Affinity && g.aside.Load(),
 	}
-	perToken, _ := v.router.bytesPerTokenLearned()
-	st.SharedPrefix, st.SharedPrefixSource = g.sharedTokens(perToken)
+	st.SharedPrefix, st.SharedPrefixSource = v.router.sharedPrefix()
 	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {
 		h := g.held[s]

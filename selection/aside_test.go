@@ -170,13 +170,12 @@ func TestAdmissionAbandonedConversationsAreNotLate(t *testing.T) {
 }
 
 // While aside, a replica filling from empty is not staggered, and a
-// conversation whose pin evicted its cache is rehomed, its residency
-// following it to its new replica.
+// conversation whose pin evicted its cache moves where its turn starts
+// sooner, as without load control, its residency following it to its new
+// replica.
 func TestAdmissionAsideNeitherStaggersNorKeepsColdPins(t *testing.T) {
 	r := newAsideRouter(AdmissionConfig{})
-	for _, rep := range r.Replicas() {
-		r.SetLoad(rep.ID, kvLoad(1000))
-	}
+	teachRate(r.testRouter, 5000, kvLoad(1000))
 	r.stepAside(t)
 	staggered := r.cfg
 	staggered.Admission.Stagger = time.Minute
@@ -192,6 +191,8 @@ func TestAdmissionAsideNeitherStaggersNorKeepsColdPins(t *testing.T) {
 	d.Release()
 	a.Done(r.now)
 	r.SetLoad(home, kvLoad(1000+200000)) // its pin has written far past its room
+	busy := hold(t, r.testRouter, home, 1, 20000, r.now.Sub(t0))
+	defer releaseAll(busy)
 	r.now = r.now.Add(time.Second)
 	again := r.admit("a", 40)
 	mustState(t, again, Admitted)

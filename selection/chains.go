@@ -2,10 +2,10 @@ package selection
 
 // Residency from the replicas' KV cache events. Where a replica publishes
 // them (vLLM's --kv-events-config) and something follows them
-// (kvevents.Subscriber), rehoming judges a conversation pinned there by what
-// the events say of its chain of blocks rather than by the engine's counters
-// (rehome.go): the events tell which blocks the replica evicted, the
-// counters only how much it wrote. A conversation the events cannot tell of
+// (kvevents.Subscriber), what a conversation pinned there still has cached
+// is read from the events about its chain of blocks rather than from the
+// engine's counters (cached.go): the events tell which blocks the replica
+// evicted, the counters only how much it wrote. A conversation the events cannot tell of
 // (its chain not singled out, a turn without usage) is judged by the
 // counters, as on a replica without events.
 
@@ -19,16 +19,6 @@ type ChainSource interface {
 	Tail(mark, end, prev uint64, blocks int) (tail uint64, ok bool)
 	Evicted(tail uint64) (blocks int, ok bool)
 }
-
-// ChainColdShare is how much of a conversation's last prompt its pin may
-// have evicted, by its KV cache events, for it still to count as cached
-// there: a conversation moves once its pin holds less than half of it.
-// The counters' ColdShare is lower because they guess; with the events'
-// exact count, a quarter moved conversations whose pins still held most
-// of them (lab, seed workload at 16 sessions: 14,482 tok/min against
-// 15,065 at a half; the grid: two TTFB p95 losses at a quarter, none at
-// a half; docs/policy.md#kv-cache-events).
-const ChainColdShare = 0.5
 
 // NeedsUsage reports whether the request's reply usage is worth reading
 // for End: its replica follows its KV cache events and the request is its
@@ -136,21 +126,20 @@ func (c *chain) find(src ChainSource) {
 	}
 }
 
-// coldByChain is cold as the pin's events tell it: the pin evicted more of
-// the conversation's last chain than ChainColdShare of its last prompt. ok
-// is false when the events cannot tell.
-func (e *session) coldByChain() (cold, ok bool) {
+// evictedByChain is how many tokens of the conversation's last chain the
+// pin's events say it evicted; ok is false when the events cannot tell.
+func (e *session) evictedByChain() (tokens int, ok bool) {
 	src := e.pin.chains.Load()
 	if src == nil || e.chain.rep != e.pin {
-		return false, false
+		return 0, false
 	}
 	e.chain.find(src)
 	if e.chain.tail == 0 || e.chain.pending {
-		return false, false
+		return 0, false
 	}
 	evicted, ok := src.Evicted(e.chain.tail)
 	if !ok {
-		return false, false
+		return 0, false
 	}
-	return float64(evicted*e.chain.bs) > ChainColdShare*float64(e.lastPrompt), true
+	return evicted * e.chain.bs, true
 }

@@ -39,6 +39,9 @@ type Request struct {
 	// 0 when unknown. The router learns the typical prompt from it, which
 	// sets the auto spill threshold.
 	PromptTokens int
+	// Prefix is the request's system prompt and tool parts, read from its
+	// body when WantsPrefix asked for them; nil otherwise.
+	Prefix Prefix
 	// Usable reports whether the proxy can reach an upstream address now
 	// (Caddy's own health and max_requests); nil means every address.
 	Usable func(address string) bool
@@ -58,8 +61,9 @@ const (
 	Placed
 	// Replaced: the pin was unusable; the session was pinned anew.
 	Replaced
-	// Spilled: the pin was over its spill threshold; this one request went
-	// to the least-loaded replica and the pin stays.
+	// Spilled: another replica would start the turn sooner than its pin,
+	// even counting the prefill the move repeats, or the pin was over a
+	// manual spill threshold: the conversation moved there.
 	Spilled
 	// ClientPinned: the client chose the replica.
 	ClientPinned
@@ -74,8 +78,9 @@ const (
 	// Compacted: the conversation's prefix was replaced (compaction), so
 	// its cache is worthless: it was pinned anew by load, like a new one.
 	Compacted
-	// Rehomed: the pin has likely evicted the conversation's cache since
-	// its last request: it was pinned anew by load, like a new one.
+	// Rehomed: the pin had likely evicted most of the conversation's cache
+	// since its last request, and another replica would start the turn
+	// sooner: the conversation moved there.
 	Rehomed
 	numOutcomes
 )
@@ -118,14 +123,17 @@ type Decision struct {
 	Outcome Outcome
 	// router, key, entry and moves are set for a request on its
 	// conversation's pin, so that Release tells the conversation's entry
-	// (see rehome.go) unless it has moved or been replaced since.
+	// (see cached.go) unless it has moved or been replaced since.
 	router *Router
 	key    uint64
 	entry  *session
 	moves  uint32
-	// tokens is the request's prompt size, counted in its replica's
-	// pending tokens until Release.
-	tokens int64
+	// prompt is the request's prompt size and uncached the part its
+	// replica computes, counted there until Release; sent is when it was
+	// routed, by from.
+	prompt, uncached int
+	sent             int64
+	from             *Router
 }
 
 // Replica returns the chosen replica; ok is false for NoReplica.
@@ -136,18 +144,25 @@ func (d Decision) Replica() (rep Replica, ok bool) {
 	return d.rep.Replica, true
 }
 
-// Release gives back the request's in-flight count when it ends, however
-// it ends.
-func (d Decision) Release() { d.End(Reply{}) }
+// Release gives back the request's in-flight count when it ends without
+// a reply (a failed try, a request given up).
+func (d Decision) Release() { d.end(Reply{}) }
 
-// End is Release for a request whose reply is known: what it reports of
-// its usage lets the replica's KV cache events follow the conversation
-// (chains.go).
-func (d Decision) End(reply Reply) {
+// End is Release for a request that ended at now: its duration teaches the
+// turns' duration (cost.go), and what reply reports of its usage lets the
+// replica's KV cache events follow the conversation (chains.go).
+func (d Decision) End(now time.Time, reply Reply) {
+	if d.from != nil {
+		d.from.observeTurn(now.UnixNano() - d.sent)
+	}
+	d.end(reply)
+}
+
+func (d Decision) end(reply Reply) {
 	if d.rep == nil {
 		return
 	}
-	d.rep.untake(d.tokens)
+	d.rep.untake(d.prompt, d.uncached)
 	if d.router != nil {
 		d.router.ended(d, reply)
 	}
@@ -167,7 +182,7 @@ func (v *View) Pick(req Request) Decision {
 	}
 	if d.rep != nil {
 		d.rep.lastSent.Store(req.Now.UnixNano())
-		d.tokens = int64(req.PromptTokens)
+		d.sent, d.from = req.Now.UnixNano(), v.router
 	}
 	return d
 }
@@ -183,7 +198,7 @@ func (req Request) key() uint64 {
 // movesPin reports whether the outcome pinned the conversation anew.
 func (o Outcome) movesPin() bool {
 	switch o {
-	case Placed, Replaced, Adopted, Joined, Compacted, Rehomed:
+	case Placed, Replaced, Adopted, Joined, Compacted, Spilled, Rehomed:
 		return true
 	}
 	return false
@@ -194,9 +209,8 @@ func (v *View) pick(req Request) Decision {
 	r.requests.Add(1)
 	if req.ClientReplica != "" {
 		if s := v.byID[req.ClientReplica]; s != nil && s.healthy.Load() && usableBy(req.Usable, s) {
-			s.take(req)
 			s.clientPinned.Add(1)
-			return Decision{rep: s, Outcome: ClientPinned}
+			return v.send(s, req, req.PromptTokens, ClientPinned)
 		}
 	}
 	key := req.key()
@@ -210,7 +224,11 @@ func (v *View) pick(req Request) Decision {
 	now := req.Now.UnixNano()
 	sh := r.sessions.shard(key)
 	sh.mu.Lock()
-	e := sh.touch(key, now, int64(v.cfg.SessionTTL))
+	e := sh.entry(key, now, int64(v.cfg.SessionTTL))
+	if e != nil && e.busy == 0 {
+		r.observeGap(now - e.lastSeen)
+	}
+	e = sh.touch(key, now, int64(v.cfg.SessionTTL))
 	if e == nil || !v.usable(e.pin, req.Usable) {
 		sh.mu.Unlock()
 		return v.pinByLoad(req, key, now, placeFresh)
@@ -221,29 +239,61 @@ func (v *View) pick(req Request) Decision {
 			return v.pinByLoad(req, key, now, placeCompacted)
 		}
 	}
-	if !v.holdsTurns() && e.cold() { // load control keeps residents' caches itself
+	if v.mayMove(e, req, now) {
 		sh.mu.Unlock()
-		return v.pinByLoad(req, key, now, placeCold)
+		return v.pinByLoad(req, key, now, placeCheaper)
 	}
-	pin := e.pin
-	threshold, _ := v.SpillThreshold()
-	if pin.take(req) <= int64(threshold) {
-		pin.sticky.Add(1)
-		d := Decision{rep: pin, Outcome: Sticky}.onPin(v, e, key, req.PromptTokens)
-		sh.mu.Unlock()
-		return d
-	}
-	pin.untake(int64(req.PromptTokens))
+	d := v.stay(e, req, key)
 	sh.mu.Unlock()
-	d := v.spill(req, key, pin)
-	if d.Outcome == Sticky {
-		sh.mu.Lock()
-		if e := sh.byKey[key]; e != nil {
-			d = d.onPin(v, e, key, req.PromptTokens)
-		}
-		sh.mu.Unlock()
-	}
 	return d
+}
+
+// stay routes a request to its conversation's pin (e, its shard locked).
+func (v *View) stay(e *session, req Request, key uint64) Decision {
+	e.pin.sticky.Add(1)
+	uncached := v.uncachedAtPin(e, req)
+	return v.send(e.pin, req, uncached, Sticky).onPin(v, e, key, req.PromptTokens)
+}
+
+// mayMove reports whether the turn might be served better off its pin (e,
+// its shard locked): the pin is over a manual spill threshold, or it is
+// not sure that no replica would start the turn sooner (cost.go). Load
+// control, when it holds turns, keeps its residents' caches itself and
+// moves only turns over a manual threshold.
+func (v *View) mayMove(e *session, req Request, now int64) bool {
+	if v.overThreshold(e.pin) {
+		return true
+	}
+	if v.holdsTurns() {
+		return false
+	}
+	rate := v.prefillRate()
+	return v.mayGain(e.pin, req.PromptTokens, v.uncachedAtPin(e, req), v.uncachedElsewhere(req.PromptTokens), now, rate)
+}
+
+// moveTarget is where the conversation (e, on a usable pin, its shard
+// locked) should move for this turn, nil to stay: the replica where the
+// turn would start soonest, if that gains over the pin (cost.go); over a
+// manual spill threshold, that replica whatever the gain, if it is under
+// the threshold itself.
+func (v *View) moveTarget(e *session, req Request, key uint64, now int64) *replicaState {
+	if v.overThreshold(e.pin) {
+		rate, elsewhere := max(v.prefillRate(), 1), v.uncachedElsewhere(req.PromptTokens)
+		return v.lowest(req.Usable, key, func(s *replicaState) bool {
+			return s != e.pin && s.healthy.Load() && !v.full(s)
+		}, func(s *replicaState) float64 { return v.turnCost(s, req.PromptTokens, elsewhere, now, rate) })
+	}
+	if v.holdsTurns() {
+		return nil
+	}
+	return v.cheaperThan(e, req, key, now)
+}
+
+// send counts req in flight at s, uncached of its prompt tokens to compute
+// there, and returns the decision that gives them back.
+func (v *View) send(s *replicaState, req Request, uncached int, o Outcome) Decision {
+	s.take(req.PromptTokens, uncached, req.Now.UnixNano(), v.prefillRate())
+	return Decision{rep: s, Outcome: o, prompt: req.PromptTokens, uncached: uncached}
 }
 
 // usable reports whether s may take a request of this view now.
@@ -278,14 +328,14 @@ func (v *View) compaction(e *session, hint Compaction, now int64) bool {
 func (v *View) pinByLoad(req Request, key uint64, now int64, mode placement) Decision {
 	d, previous := v.pinLocally(req, key, now, mode)
 	switch d.Outcome {
-	case Placed, Replaced, Joined, Compacted, Rehomed:
+	case Placed, Replaced, Joined, Compacted, Spilled, Rehomed:
 	default:
 		return d
 	}
 	if d.Outcome == Joined && req.Renamed {
 		v.router.retire(req.Parent)
 	}
-	if v.cfg.Shared != nil && !((d.Outcome == Compacted || d.Outcome == Rehomed) && previous == "") {
+	if v.cfg.Shared != nil && !(mode != placeFresh && previous == "") {
 		d = v.share(req, key, d, previous)
 	}
 	switch d.Outcome {
@@ -298,6 +348,8 @@ func (v *View) pinByLoad(req Request, key uint64, now int64, mode placement) Dec
 		d.rep.replaced.Add(1)
 	case Compacted:
 		d.rep.compacted.Add(1)
+	case Spilled:
+		d.rep.spilledIn.Add(1)
 	case Rehomed:
 		d.rep.rehomed.Add(1)
 	}
@@ -316,6 +368,29 @@ func (r *Router) retire(key uint64) {
 	}
 }
 
+// full reports whether s has no room for one more request: it runs as many
+// as it can at once (its slots), or as a manual spill threshold allows.
+func (v *View) full(s *replicaState) bool {
+	if n := v.cfg.SpillThreshold; n > 0 {
+		return s.busy() >= float64(n)
+	}
+	return s.busy() >= v.slots(s)
+}
+
+// overThreshold reports whether s runs more requests than a manual spill
+// threshold allows.
+func (v *View) overThreshold(s *replicaState) bool {
+	return v.cfg.SpillThreshold > 0 && s.busy() > float64(v.cfg.SpillThreshold)
+}
+
+// knows reports whether key has an entry in the session table.
+func (r *Router) knows(key uint64) bool {
+	sh := r.sessions.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.byKey[key] != nil
+}
+
 // pinOf is the replica key is pinned to, nil when none; it does not count
 // as a use of key.
 func (r *Router) pinOf(key uint64, now, ttl int64) *replicaState {
@@ -329,28 +404,34 @@ func (r *Router) pinOf(key uint64, now, ttl int64) *replicaState {
 }
 
 // joins reports whether a new conversation goes to its parent's replica p
-// rather than to best, the least loaded: p must be usable and within its
-// spill threshold, and, for a spawned sub-agent, not more than ParentSlack
+// rather than to best, the least loaded: p must be usable and not full,
+// and, for a spawned sub-agent, not more than ParentSlack
 // costlier than best.
 func (v *View) joins(req Request, p, best *replicaState) bool {
 	if p == nil || !v.usable(p, req.Usable) {
 		return false
 	}
-	threshold, _ := v.SpillThreshold()
-	if p.inFlight.Load() > int64(threshold) {
+	if v.overThreshold(p) || v.cfg.SpillThreshold <= 0 && v.full(p) {
 		return false
 	}
 	if req.Continues || p == best {
 		return true
 	}
-	w := v.spillWeight()
-	return cost(p, w, true) <= cost(best, w, true)+ParentSlack
+	return v.cost(p, true) <= v.cost(best, true)+ParentSlack
 }
+
+// placement is why pinByLoad places a conversation.
+type placement uint8
+
+const (
+	placeFresh     placement = iota // new, or its pin unusable
+	placeCompacted                  // its prefix was replaced
+	placeCheaper                    // another replica may serve its turn sooner
+)
 
 // pinLocally makes pinByLoad's choice in the router's own table; for a
 // moved pin it also returns the previous replica's ID.
 func (v *View) pinLocally(req Request, key uint64, now int64, mode placement) (d Decision, previous string) {
-	moving := mode != placeFresh // off a usable pin
 	r := v.router
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
@@ -364,72 +445,63 @@ func (v *View) pinLocally(req Request, key uint64, now int64, mode placement) (d
 	defer sh.mu.Unlock()
 	e := sh.touch(key, now, ttl)
 	// Another request of the same session may have placed it meanwhile
-	// (or, for a compaction or a cold cache, placed it anew).
-	if e != nil && v.usable(e.pin, req.Usable) && !v.stillMoves(e, mode, now) {
-		e.pin.take(req)
-		e.pin.sticky.Add(1)
-		return Decision{rep: e.pin, Outcome: Sticky}.onPin(v, e, key, req.PromptTokens), ""
-	}
-	// A conversation moving off a usable pin is placed like a new one: its
-	// own activity does not weigh on the replica it leaves.
-	uncounted := moving && e != nil && e.active
-	if uncounted {
-		e.pin.active.Add(-1)
-	}
-	s := v.placeFor(req.Usable, key, mode)
-	if uncounted {
-		e.pin.active.Add(1)
+	// (or, for a compaction or a move, placed it anew): the choice is made
+	// again with the lock held.
+	var s *replicaState
+	if e != nil && v.usable(e.pin, req.Usable) {
+		switch {
+		case mode == placeCompacted && now-e.placedAt >= int64(v.cfg.CompactionInterval):
+			s = v.placeAnew(req.Usable, key, e)
+		case mode == placeCheaper:
+			s = v.moveTarget(e, req, key, now)
+		}
+		if s == nil {
+			return v.stay(e, req, key), ""
+		}
+	} else if s = v.freshPlace(req, key); s == nil {
+		s = v.leastPending(req.Usable, key)
 	}
 	if s == nil {
 		r.noReplica.Add(1)
 		return Decision{}, ""
 	}
-	outcome := Placed
-	if e == nil && v.joins(req, parent, s) {
-		s, outcome = parent, Joined
-	}
-	s.take(req)
 	if e == nil {
+		r.prefix.noteRequest(key, req.Prefix)
+		outcome := Placed
+		if v.joins(req, parent, s) {
+			s, outcome = parent, Joined
+		}
 		ne, dropped := sh.insert(key, s, now)
 		ne.compacted = req.Compaction == Compacting
 		r.evicted.Add(uint64(dropped))
-		return Decision{rep: s, Outcome: outcome}.onPin(v, ne, key, req.PromptTokens), ""
+		return v.send(s, req, v.uncachedElsewhere(req.PromptTokens), outcome).onPin(v, ne, key, req.PromptTokens), ""
+	}
+	outcome := Replaced
+	switch {
+	case mode == placeCompacted:
+		outcome = Compacted
+	case mode == placeCheaper && 2*e.cachedTokens() < e.lastPrompt:
+		outcome = Rehomed
+	case mode == placeCheaper:
+		outcome = Spilled
 	}
 	e.placedAt = now
-	if moving {
-		if e.pin != s {
-			previous = e.pin.ID
-			e.repin(s)
-		}
-		return Decision{rep: s, Outcome: mode.outcome()}.onPin(v, e, key, req.PromptTokens), previous
+	if e.pin != s {
+		previous = e.pin.ID
+		e.repin(s)
 	}
-	previous = e.pin.ID
-	e.repin(s)
-	return Decision{rep: s, Outcome: Replaced}.onPin(v, e, key, req.PromptTokens), previous
+	return v.send(s, req, v.uncachedElsewhere(req.PromptTokens), outcome).onPin(v, e, key, req.PromptTokens), previous
 }
 
-// spill sends one request of an overloaded pin elsewhere: to the replica
-// with room sent a request longest ago (leastRecent), else to the one with
-// the fewest prompt tokens in flight (leastPending) when it has fewer than
-// the pin.
-func (v *View) spill(req Request, key uint64, pin *replicaState) Decision {
-	r := v.router
-	r.placeMu.Lock()
-	defer r.placeMu.Unlock()
-	// The spilled request's history is cached nowhere else: the replica
-	// with room sent a request longest ago starts its prefill soonest.
-	s := v.leastRecent(req.Usable, key, func(c *replicaState) bool { return c != pin })
-	if s == nil {
-		s = v.leastPending(req.Usable, key)
-		if s == nil || s == pin || v.pendingTokens(s) >= v.pendingTokens(pin) {
-			pin.take(req)
-			pin.sticky.Add(1)
-			return Decision{rep: pin, Outcome: Sticky}
-		}
+// placeAnew is where a conversation whose prefix was replaced (e, on a
+// usable pin) goes: the least-loaded replica, its own activity not weighing
+// on the pin it leaves.
+func (v *View) placeAnew(usable func(string) bool, key uint64, e *session) *replicaState {
+	if e.active {
+		e.pin.active.Add(-1)
+		defer e.pin.active.Add(1)
 	}
-	s.take(req)
-	s.spilledIn.Add(1)
-	return Decision{rep: s, Outcome: Spilled}
+	return v.leastLoaded(usable, key, true)
 }
 
 // pickByLoad serves a request that has no pin to honour.
@@ -445,14 +517,8 @@ func (v *View) pickByLoad(req Request, key uint64) Decision {
 		r.noReplica.Add(1)
 		return Decision{}
 	}
-	s.take(req)
 	s.unpinned.Add(1)
-	return Decision{rep: s, Outcome: Unpinned}
-}
-
-func (v *View) spillWeight() float64 {
-	n, _ := v.SpillThreshold()
-	return float64(n)
+	return v.send(s, req, req.PromptTokens, Unpinned)
 }
 
 func usableBy(usable func(string) bool, s *replicaState) bool {

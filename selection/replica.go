@@ -3,6 +3,7 @@ package selection
 import (
 	"math"
 	"sync/atomic"
+	"time"
 )
 
 // Replica names one place a conversation can be served: a whole vLLM server
@@ -37,6 +38,14 @@ type Load struct {
 	// since a conversation's blocks were freed tells whether they were
 	// evicted (see session.coldAt).
 	Written float64
+	// Prefilled counts the prompt tokens the engine computed (not served
+	// from its prefix cache) and TTFTSeconds the times to first token of
+	// their requests, both counted as each prefill ends, 0 when the
+	// metrics do not say: prefilled tokens per second of time to first
+	// token, at best, is the prefill rate (cost.go).
+	Prefilled, TTFTSeconds float64
+	// At is when the scrape was taken; zero when unknown.
+	At time.Time
 	// Known is false when the metrics are missing, stale or invalid: the
 	// replica is then scored as full, never as idle.
 	Known bool
@@ -58,6 +67,10 @@ type replicaState struct {
 
 	inFlight atomic.Int64
 	pending  atomic.Int64 // prompt tokens of our requests in flight (take)
+	// routed counts the prompt tokens we sent the replica to compute (their
+	// uncached part, as estimated when sent): what it writes to its KV
+	// cache, known before its counters show it.
+	routed   atomic.Int64
 	lastSent atomic.Int64 // unix nanoseconds of the last request sent here
 	sessions atomic.Int64 // pinned sessions in the table
 	active   atomic.Int64 // of those, used within the active window
@@ -71,6 +84,10 @@ type replicaState struct {
 	// comes back.
 	restarts, written atomic.Uint64
 	healthy           atomic.Bool
+	// rate learns the replica's prefill rate from its counters, and
+	// backlog is the prefill work of our requests queued there (cost.go).
+	rate    prefillRate
+	backlog backlog
 	// chains, when set, is what the replica's KV cache events tell of
 	// conversations' chains (chains.go).
 	chains                    atomic.Pointer[chainSource]
@@ -109,6 +126,9 @@ func (s *replicaState) setLoad(l Load) {
 	if l.Known && l.Written > 0 && l.Written < math.Float64frombits(s.written.Swap(math.Float64bits(l.Written))) {
 		s.restarts.Add(1) // before the load that shows it: a turn ending now reads both
 	}
+	if prev := s.load.Load(); l.Known && prev.Known {
+		s.rate.observe(*prev, l)
+	}
 	s.load.Store(&l)
 	if l.KVTokens > 0 {
 		s.kvTokens.Store(int64(l.KVTokens))
@@ -123,18 +143,21 @@ func (s *replicaState) busy() float64 {
 	return float64(s.inFlight.Load()) + s.load.Load().external
 }
 
-// take counts a request in flight here, its prompt in pending, in the
-// same step as its choice (so that concurrent choices see it), and returns
-// the requests that were in flight before it.
-func (s *replicaState) take(req Request) int64 {
-	s.pending.Add(int64(req.PromptTokens))
-	return s.inFlight.Add(1) - 1
+// take counts a request in flight here, its prompt in pending and the
+// part of it the replica must compute (uncached) in its backlog, in the
+// same step as its choice (so that concurrent choices see it).
+func (s *replicaState) take(prompt, uncached int, now int64, rate float64) {
+	s.pending.Add(int64(prompt))
+	s.routed.Add(int64(uncached))
+	s.backlog.add(float64(uncached), now, rate)
+	s.inFlight.Add(1)
 }
 
 // untake gives back what take counted.
-func (s *replicaState) untake(tokens int64) {
+func (s *replicaState) untake(prompt, uncached int) {
 	s.inFlight.Add(-1)
-	s.pending.Add(-tokens)
+	s.pending.Add(-int64(prompt))
+	s.backlog.done(float64(uncached))
 }
 
 // kvUsage is the KV-cache fill, 1 when unknown.

@@ -1,7 +1,6 @@
 package selection
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,8 +8,10 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultMaxNumSeqs   = 32
-	DefaultSessionTTL   = 30 * time.Minute
+	DefaultMaxNumSeqs = 32
+	DefaultSessionTTL = 30 * time.Minute
+	// DefaultActiveWindow bounds the active window learnt from the
+	// conversations' pauses (activeWindow).
 	DefaultActiveWindow = 2 * time.Minute
 	DefaultMaxSessions  = 100_000
 	// DefaultCompactionInterval: real compactions are many turns apart.
@@ -22,15 +23,18 @@ const (
 type Config struct {
 	// MaxNumSeqs is vLLM's --max-num-seqs of each replica.
 	MaxNumSeqs int
-	// SpillThreshold is the in-flight count above which a pinned replica
-	// sheds a request; 0 means auto (MaxNumSeqs/4, at least 1).
+	// SpillThreshold, when set, is the most requests in flight a pin takes
+	// beyond which its conversation moves to a replica under it; 0 is auto:
+	// a conversation moves only where another replica would start its turn
+	// sooner (cost.go).
 	SpillThreshold int
 	// Affinity pins sessions to replicas; off places every request by load.
 	Affinity bool
 	// SessionTTL forgets a session idle that long.
 	SessionTTL time.Duration
 	// ActiveWindow is how recently a session must have sent a request to
-	// count as load on its replica when placing new sessions.
+	// count as load on its replica when placing new sessions; 0 learns it
+	// from the conversations' pauses between turns (activeWindow).
 	ActiveWindow time.Duration
 	// MaxSessions bounds the session table; the least recently used go first.
 	MaxSessions int
@@ -52,9 +56,6 @@ func (c Config) withDefaults() Config {
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = DefaultSessionTTL
 	}
-	if c.ActiveWindow <= 0 {
-		c.ActiveWindow = DefaultActiveWindow
-	}
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions
 	}
@@ -63,27 +64,6 @@ func (c Config) withDefaults() Config {
 	}
 	c.Admission = c.Admission.withDefaults()
 	return c
-}
-
-// MinAutoSpillThreshold is the least threshold the KV cache can lower auto
-// to. Lower, pins break under ordinary bursts: at 2 the lab's seed workload
-// (16 sessions) loses a sixth of its throughput and 32 points of prefix hits
-// (docs/policy.md).
-const MinAutoSpillThreshold = 3
-
-// AutoSpillThreshold is the threshold auto gives: a quarter of max_num_seqs,
-// lowered to the number of typical prompts a replica's KV cache holds at
-// once (kvTokens / typicalPrompt; either 0 when unknown), though not below
-// MinAutoSpillThreshold. Past that many requests in flight the next one
-// waits in the engine for KV room, or evicts its neighbours' prefixes,
-// while a lighter replica could start it at once.
-func AutoSpillThreshold(maxNumSeqs, kvTokens int, typicalPrompt float64) int {
-	n := max(1, maxNumSeqs/4)
-	if kvTokens <= 0 || typicalPrompt < 1 {
-		return n
-	}
-	fit := int(math.Round(float64(kvTokens) / typicalPrompt))
-	return min(n, max(MinAutoSpillThreshold, fit))
 }
 
 // Router is the routing state of one model: each replica's in-flight count,
@@ -99,6 +79,8 @@ type Router struct {
 
 	sessions *sessionTable
 	gate     *gate
+	// prefix learns the system prompt and tools conversations share.
+	prefix *prefixLearner
 	// placeMu serialises decisions that compare replicas, so that the load a
 	// decision adds is visible to the next one (a burst of new sessions
 	// spreads instead of piling on one replica).
@@ -109,6 +91,10 @@ type Router struct {
 	// replies reported them (tokens.go); both outlive config loads like the
 	// sessions.
 	typicalPrompt, bytesPerToken smoothed
+	// turnSeconds is our requests' duration, from their routing to their
+	// end, and gapSeconds the time between a conversation's turns (from
+	// the start of one to the next), both smoothed (cost.go).
+	turnSeconds, gapSeconds smoothed
 
 	requests  atomic.Uint64
 	unkeyed   atomic.Uint64
@@ -128,6 +114,7 @@ func NewRouter(model string, now time.Time) *Router {
 		states:   map[string]*replicaState{},
 		sessions: newSessionTable(DefaultMaxSessions),
 		gate:     newGate(),
+		prefix:   newPrefixLearner(),
 	}
 }
 
@@ -200,20 +187,10 @@ type View struct {
 // Affinity reports whether sessions are pinned.
 func (v *View) Affinity() bool { return v.cfg.Affinity }
 
-// SpillThreshold returns the threshold in force and whether it is automatic.
-// Auto reads the smallest KV cache among the replicas that publish theirs
-// and the typical prompt the router has seen (AutoSpillThreshold).
+// SpillThreshold returns the manual spill threshold, or 0 and true for
+// auto (moves by expected cost, cost.go).
 func (v *View) SpillThreshold() (n int, auto bool) {
-	if v.cfg.SpillThreshold > 0 {
-		return v.cfg.SpillThreshold, false
-	}
-	kv := 0
-	for _, s := range v.replicas {
-		if l := s.load.Load(); l.Known && l.KVTokens > 0 && (kv == 0 || l.KVTokens < kv) {
-			kv = l.KVTokens
-		}
-	}
-	return AutoSpillThreshold(v.cfg.MaxNumSeqs, kv, v.router.TypicalPrompt()), true
+	return v.cfg.SpillThreshold, v.cfg.SpillThreshold <= 0
 }
 
 // promptSmoothing is the weight of one request in the typical prompt: it
@@ -222,6 +199,40 @@ const promptSmoothing = 0.02
 
 // observePrompt folds a request's prompt size into the typical one.
 func (r *Router) observePrompt(tokens int) { r.typicalPrompt.observe(float64(tokens), promptSmoothing) }
+
+// observeGap folds the time since a conversation's last turn into the
+// conversations' gap between turns.
+func (r *Router) observeGap(nanos int64) {
+	if nanos > 0 {
+		r.gapSeconds.observe(float64(nanos)/1e9, promptSmoothing)
+	}
+}
+
+// activeWindowGaps is how many of its usual gaps between turns a
+// conversation may stay silent and still count as under way: it has
+// likely ended past that.
+const activeWindowGaps = 3
+
+// activeWindow is the configured active window, or one learnt from the
+// conversations' gaps between turns, at most DefaultActiveWindow.
+func (v *View) activeWindow() time.Duration {
+	if v.cfg.ActiveWindow > 0 {
+		return v.cfg.ActiveWindow
+	}
+	gap := v.router.gapSeconds.value()
+	if gap <= 0 {
+		return DefaultActiveWindow
+	}
+	return min(DefaultActiveWindow, time.Duration(activeWindowGaps*gap*float64(time.Second)))
+}
+
+// observeTurn folds a request's duration into the turns' duration, at the
+// typical prompt's weight.
+func (r *Router) observeTurn(nanos int64) {
+	if nanos > 0 {
+		r.turnSeconds.observe(float64(nanos)/1e9, promptSmoothing)
+	}
+}
 
 // typicalOr1 is TypicalPrompt, or 1 before any request told its size: a
 // request then counts as one.
@@ -257,7 +268,7 @@ func (v *View) has(s *replicaState) bool {
 // on the applied view.
 func (v *View) Sweep(now time.Time) {
 	r := v.router
-	ttl, window := int64(v.cfg.SessionTTL), int64(v.cfg.ActiveWindow)
+	ttl, window := int64(v.cfg.SessionTTL), int64(v.activeWindow())
 	for i := range r.sessions.shards {
 		sh := &r.sessions.shards[i]
 		sh.mu.Lock()

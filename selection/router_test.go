@@ -138,66 +138,6 @@ func TestSpillAboveThresholdKeepsThePin(t *testing.T) {
 	}
 }
 
-func TestAutoSpillThreshold(t *testing.T) {
-	for _, c := range []struct {
-		name          string
-		maxNumSeqs    int
-		kvTokens      int
-		typicalPrompt float64
-		want          int
-	}{
-		{"nothing known: a quarter of max_num_seqs", 32, 0, 0, 8},
-		{"KV size unknown", 32, 0, 12000, 8},
-		{"no prompt seen yet", 32, 40000, 0, 8},
-		{"the cache holds more prompts than a quarter", 32, 400000, 2000, 8},
-		{"the cache holds about 3 prompts", 32, 40000, 12500, 3},
-		{"the cache holds 5 prompts", 32, 40000, 8000, 5},
-		{"never below the floor", 32, 40000, 30000, MinAutoSpillThreshold},
-		{"a quarter below the floor stays", 8, 40000, 30000, 2},
-		{"tiny max_num_seqs", 2, 0, 0, 1},
-	} {
-		if got := AutoSpillThreshold(c.maxNumSeqs, c.kvTokens, c.typicalPrompt); got != c.want {
-			t.Errorf("%s: AutoSpillThreshold(%d, %d, %g) = %d, want %d", c.name, c.maxNumSeqs, c.kvTokens, c.typicalPrompt, got, c.want)
-		}
-	}
-}
-
-// Auto reads the replicas' KV caches and the prompts the router has seen:
-// with prompts a third of a cache, a pin sheds its fourth request in flight
-// where a quarter of max_num_seqs (8) would have kept nine.
-func TestAutoSpillThresholdFollowsPromptsAndCache(t *testing.T) {
-	r := newTestRouter(2, Config{MaxNumSeqs: 32})
-	for _, rep := range r.Replicas() {
-		r.SetLoad(rep.ID, Load{Known: true, KVTokens: 40000})
-	}
-	if n, auto := r.SpillThreshold(); n != 8 || !auto {
-		t.Fatalf("before any prompt: threshold %d auto=%v, want 8 auto", n, auto)
-	}
-	var home string
-	for i := range 4 {
-		d := r.Pick(Request{Key: "a", PromptTokens: 13000, Now: t0})
-		if i == 0 {
-			home = id(d)
-		}
-		if id(d) != home {
-			t.Fatalf("request %d left the pin at threshold %v", i+1, r.Status().SpillThreshold)
-		}
-	}
-	if n, _ := r.SpillThreshold(); n != 3 {
-		t.Fatalf("threshold %d after 13k-token prompts on 40k-token caches, want 3", n)
-	}
-	if st := r.Status(); st.TypicalPrompt != 13000 || st.SpillThreshold != 3 {
-		t.Fatalf("status: typical prompt %g, threshold %d", st.TypicalPrompt, st.SpillThreshold)
-	}
-	if d := r.Pick(Request{Key: "a", PromptTokens: 13000, Now: t0}); d.Outcome != Spilled || id(d) == home {
-		t.Fatalf("fifth request with 4 in flight: %v on %s, want a spill", d.Outcome, id(d))
-	}
-	r.reload(Config{MaxNumSeqs: 32, SpillThreshold: 6}, servers(2))
-	if n, auto := r.SpillThreshold(); n != 6 || auto {
-		t.Fatalf("a configured threshold: %d auto=%v, want 6", n, auto)
-	}
-}
-
 func TestSpillStaysWhenPinIsLeastLoaded(t *testing.T) {
 	r := newTestRouter(2, Config{SpillThreshold: 1})
 	home := id(pick(t, r, "a"))

@@ -1,20 +1,24 @@
 package selection
 
-import "github.com/lmwarden/caddy-warden/sessionkey"
+import (
+	"math"
+
+	"github.com/lmwarden/caddy-warden/sessionkey"
+)
 
 // cost is how loaded a replica is, lower is better:
 //
-//	busy + kvWeight × kv_used [+ active sessions]
+//	busy + slots × kv_used [+ active sessions]
 //
 // busy is our in-flight requests plus other clients' requests that two
-// scrapes in a row have shown (replicaState.busy); kv_used
-// is the KV-cache fill (1 when metrics are missing or stale, so an unknown
-// replica looks full, never idle); kvWeight is the spill threshold, so a full
-// cache weighs as much as a replica at its threshold. When placing a new
+// scrapes in a row have shown (replicaState.busy); kv_used is the KV-cache
+// fill (1 when metrics are missing or stale, so an unknown replica looks
+// full, never idle), weighted by the replica's slots (cost.go) so that a
+// full cache weighs as much as every slot taken. When placing a new
 // session the sessions the replica already serves (active within the
 // active window) are added: each will send its next turn soon.
-func cost(s *replicaState, kvWeight float64, withSessions bool) float64 {
-	c := s.busy() + kvWeight*s.kvUsage()
+func (v *View) cost(s *replicaState, withSessions bool) float64 {
+	c := s.busy() + v.slots(s)*s.kvUsage()
 	if withSessions {
 		c += float64(s.active.Load())
 	}
@@ -31,8 +35,7 @@ func (v *View) leastLoaded(usable func(string) bool, key uint64, withSessions bo
 
 // lightest is leastLoaded among the replicas fits accepts (nil: all).
 func (v *View) lightest(usable func(string) bool, key uint64, withSessions bool, fits func(*replicaState) bool) *replicaState {
-	kvWeight := v.spillWeight()
-	return v.lowest(usable, key, fits, func(s *replicaState) float64 { return cost(s, kvWeight, withSessions) })
+	return v.lowest(usable, key, fits, func(s *replicaState) float64 { return v.cost(s, withSessions) })
 }
 
 // lowest is the usable replica, among those fits accepts (nil: all), of
@@ -75,7 +78,7 @@ func (v *View) pendingTokens(s *replicaState) float64 {
 	l := s.load.Load()
 	c := float64(s.pending.Load()) + l.external*typical
 	if !l.Known {
-		c += v.spillWeight() * typical
+		c += v.slots(s) * typical
 	}
 	return c
 }
@@ -99,38 +102,44 @@ const PlacementSlack = 1.0
 // prefill, so among the replicas with the fewest active conversations and
 // within PlacementSlack of the lightest, the one sent a request longest
 // ago; nil when none has room.
-func (v *View) freshPlace(usable func(string) bool, key uint64) *replicaState {
+func (v *View) freshPlace(req Request, key uint64) *replicaState {
+	usable := req.Usable
 	best := v.leastLoaded(usable, key, true)
 	if best == nil {
 		return nil
 	}
-	w := v.spillWeight()
-	limit := cost(best, w, true) + PlacementSlack
+	limit := v.cost(best, true) + PlacementSlack
 	fewest := best.active.Load()
 	for _, s := range v.replicas {
 		if v.usable(s, usable) {
 			fewest = min(fewest, s.active.Load())
 		}
 	}
-	return v.leastRecent(usable, key, func(s *replicaState) bool {
-		return s.active.Load() <= fewest && cost(s, w, true) <= limit
-	})
+	if rate := v.prefillRate(); rate > 0 {
+		// Active conversations only break ties: one that is silent now
+		// does not delay this first turn.
+		now, elsewhere := req.Now.UnixNano(), v.uncachedElsewhere(req.PromptTokens)
+		return v.lowest(usable, key, func(s *replicaState) bool { return s.healthy.Load() && v.cost(s, true) <= limit },
+			func(s *replicaState) float64 {
+				return math.Round(v.turnCost(s, req.PromptTokens, elsewhere, now, rate)*1000) + float64(s.active.Load())/1e6
+			})
+	}
+	return v.leastRecent(usable, key, func(s *replicaState) bool { return s.active.Load() <= fewest && v.cost(s, true) <= limit })
 }
 
-// leastRecent is the healthy, usable replica with room under the spill
-// threshold, among those ok accepts (nil: all), that was sent a request
+// leastRecent is the healthy, usable replica with a free slot (cost.go),
+// among those ok accepts (nil: all), that was sent a request
 // longest ago, ties broken by a rendezvous hash of key; nil when none has
 // room. Its last prefill has had the most time to end: requests in flight
 // and KV use cannot tell a replica prefilling a long prompt, which delays
 // the next first token by as long, from one decoding, which barely does
 // (a prefill in progress even shows less KV use than a finished one).
 func (v *View) leastRecent(usable func(string) bool, key uint64, ok func(*replicaState) bool) *replicaState {
-	threshold, _ := v.SpillThreshold()
 	var best *replicaState
 	var bestSent int64
 	var bestRank uint64
 	for _, s := range v.replicas {
-		if !s.healthy.Load() || !usableBy(usable, s) || s.busy() >= float64(threshold) || ok != nil && !ok(s) {
+		if !s.healthy.Load() || !usableBy(usable, s) || v.full(s) || ok != nil && !ok(s) {
 			continue
 		}
 		sent, rank := s.lastSent.Load(), mix(key^s.idHash)

@@ -25,14 +25,15 @@ type session struct {
 	compacted bool
 	// busy counts the conversation's requests in flight on its pin;
 	// released is set when the last one ended, with relWritten the pin's
-	// Written and relFree its free KV tokens then: the conversation's
-	// blocks joined the end of the pin's free queue, behind relFree
-	// tokens, and are evicted once the pin has written more than that.
-	busy                int32
-	released            bool
-	relWritten, relFree float64
-	relRestarts         uint64 // the pin's restarts then
-	lastPrompt          int
+	// Written, relRouted the prompt tokens we had sent it to compute, and
+	// relFree its free KV tokens then: the conversation's blocks joined
+	// the end of the pin's free queue, behind relFree tokens, and are
+	// evicted once the pin has written more than that (cached.go).
+	busy                           int32
+	released                       bool
+	relWritten, relRouted, relFree float64
+	relRestarts                    uint64 // the pin's restarts then
+	lastPrompt                     int
 	// moves counts the repins, so that the end of a request sent before
 	// one is not counted in busy (Router.ended).
 	moves uint32
@@ -83,6 +84,15 @@ func (t *sessionTable) setCapacity(maxSessions int) {
 
 func (t *sessionTable) shard(key uint64) *sessionShard {
 	return &t.shards[key%sessionShards]
+}
+
+// entry returns the entry of key without marking it used, or nil when the
+// key is unknown or idle for longer than ttl.
+func (s *sessionShard) entry(key uint64, now, ttl int64) *session {
+	if e := s.byKey[key]; e != nil && now-e.lastSeen <= ttl {
+		return e
+	}
+	return nil
 }
 
 // touch returns the entry of key and marks it used at now, or nil when the

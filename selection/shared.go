@@ -51,9 +51,8 @@ func (v *View) share(req Request, key uint64, d Decision, previous string) Decis
 	if moved { // else their message got here first, and counted it
 		theirs.adopted.Add(1)
 	}
-	theirs.take(req)
-	d.rep.untake(int64(req.PromptTokens))
-	return Decision{rep: theirs, Outcome: Adopted}
+	d.rep.untake(d.prompt, d.uncached)
+	return v.send(theirs, req, d.uncached, Adopted)
 }
 
 // repinIf moves key's local pin from one replica to another if it is still

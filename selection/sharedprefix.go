@@ -1,6 +1,10 @@
 package selection
 
-import "slices"
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+)
 
 // The shared prefix. An agent fleet's conversations start with the same
 // system prompt and tools, which a replica's prefix cache holds once however
@@ -13,12 +17,16 @@ import "slices"
 // the best baseline's throughput; with nothing shared, it let in a fourth
 // that did not fit (lab, docs/policy.md#the-shared-prefix).
 //
-// So load control learns the shared prefix from what new conversations find
+// Routing counts it too: a conversation moved to another replica finds the
+// shared prefix cached there, and computes only the rest (cost.go).
+//
+// So the router learns the shared prefix from what new conversations find
 // cached: the cached part vLLM reports (--enable-prompt-tokens-details,
 // read by warden_stop_reason) for a turn it placed by load on a replica
 // that already held residents, mostly a conversation's first, is the
 // prefix it shares with them. vLLM reports nothing without that flag, its
-// default: load control then reads the prefix from the requests, as the
+// default: the router then reads the prefix from new conversations'
+// requests, as the
 // longest run of system prompt and tool parts (Body.Prefix) that a
 // conversation's request shares with another recent conversation's. The
 // replies win once they tell: the template's own tokens and a server that
@@ -134,28 +142,85 @@ func (d *declaredPrefixes) observe(key uint64, prefix Prefix) (shared int, ok bo
 	return shared, ok
 }
 
-// noteDeclared learns from the prefix parts of a request whose conversation
-// is not resident (g.mu held).
-func (g *gate) noteDeclared(key uint64, prefix Prefix) {
-	if len(prefix) == 0 {
-		return
+// prefixLearner learns the shared prefix, from replies and from requests.
+// Routing reads it on every request, so what it learnt is kept in atomics;
+// its lock serialises learning only.
+type prefixLearner struct {
+	mu sync.Mutex
+	// replies is the prefix new conversations find cached; requests the
+	// body bytes their requests share, which stand for it until the
+	// replies tell.
+	replies, requests sharedPrefix
+	declared          declaredPrefixes
+	// fromReplies (tokens) and fromRequests (body bytes) are the values
+	// learnt, -1 while unknown.
+	fromReplies, fromRequests atomic.Int64
+}
+
+func newPrefixLearner() *prefixLearner {
+	l := &prefixLearner{}
+	l.fromReplies.Store(-1)
+	l.fromRequests.Store(-1)
+	return l
+}
+
+// publish makes what the samples tell readable (l.mu held).
+func (l *prefixLearner) publish() {
+	if l.replies.known() {
+		l.fromReplies.Store(int64(l.replies.value()))
 	}
-	if shared, ok := g.declared.observe(key, prefix); ok {
-		g.declaredShared.observe(shared)
+	if l.requests.known() {
+		l.fromRequests.Store(int64(l.requests.value()))
 	}
 }
 
-// sharedTokens is the shared prefix in tokens: the replies' once they told
-// it, else the requests' at perToken body bytes per token, else 0 (g.mu
-// held).
-func (g *gate) sharedTokens(perToken float64) (tokens int, source SharedPrefixSource) {
-	switch {
-	case g.shared.known():
-		return g.shared.value(), SharedFromReplies
-	case g.declaredShared.known():
-		return tokensOf(int64(g.declaredShared.value()), perToken), SharedFromRequests
+// noteRequest learns from the prefix parts of a new conversation's request.
+func (l *prefixLearner) noteRequest(key uint64, prefix Prefix) {
+	if len(prefix) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if shared, ok := l.declared.observe(key, prefix); ok {
+		l.requests.observe(shared)
+		l.publish()
+	}
+}
+
+// noteReply learns from the cached part of a reply to a new conversation's
+// first turn.
+func (l *prefixLearner) noteReply(cached int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.replies.observe(cached)
+	l.publish()
+}
+
+// repliesKnown reports whether the replies have told the shared prefix.
+func (l *prefixLearner) repliesKnown() bool { return l.fromReplies.Load() >= 0 }
+
+// tokens is the shared prefix in tokens: the replies' once they told it,
+// else the requests' at perToken body bytes per token, else 0.
+func (l *prefixLearner) tokens(perToken float64) (tokens int, source SharedPrefixSource) {
+	if n := l.fromReplies.Load(); n >= 0 {
+		return int(n), SharedFromReplies
+	}
+	if n := l.fromRequests.Load(); n >= 0 {
+		return tokensOf(n, perToken), SharedFromRequests
 	}
 	return 0, SharedUnknown
+}
+
+// sharedTokens is the shared prefix in tokens (prefixLearner.tokens).
+func (r *Router) sharedTokens() int {
+	n, _ := r.sharedPrefix()
+	return n
+}
+
+// sharedPrefix is the shared prefix in tokens and where it was learnt.
+func (r *Router) sharedPrefix() (int, SharedPrefixSource) {
+	perToken, _ := r.bytesPerTokenLearned()
+	return r.prefix.tokens(perToken)
 }
 
 // SharedPrefixSource tells where load control read the shared prefix.
@@ -182,8 +247,7 @@ func (v *View) distinct(h residency, tokens int) int {
 	if n <= 1 {
 		return sum
 	}
-	perToken, _ := v.router.bytesPerTokenLearned()
-	shared, _ := v.router.gate.sharedTokens(perToken)
+	shared := v.router.sharedTokens()
 	return max(sum-(n-1)*shared, tokens, sum/n)
 }
 

@@ -229,12 +229,22 @@ func TestPrefixSharedBytes(t *testing.T) {
 	}
 }
 
-// Load control wants a turn's prefix parts only when its conversation is
-// not resident, and never with load control off or no key.
+// A turn's prefix parts are wanted only for a conversation the router
+// does not know yet or, with load control, one not resident; never for a
+// turn without a key or with affinity off.
 func TestWantsPrefix(t *testing.T) {
 	off := newTestRouter(1, Config{})
+	if !off.WantsPrefix(HashKey("a")) {
+		t.Error("load control off: a new conversation's prefix not wanted")
+	}
+	pick(t, off, "a").Release()
 	if off.WantsPrefix(HashKey("a")) {
-		t.Error("load control off wants the prefix")
+		t.Error("load control off: a known conversation's prefix wanted")
+	}
+	noAffinity := newTestRouter(1, Config{})
+	noAffinity.reload(Config{}, servers(1))
+	if noAffinity.WantsPrefix(HashKey("b")) {
+		t.Error("affinity off: prefix wanted")
 	}
 	r := sharedRouter(10000)
 	if r.WantsPrefix(0) {

@@ -89,7 +89,7 @@ func (v *View) Restore(pins []Pin, now time.Time) RestoreStats {
 	slices.SortFunc(valid, func(a, b restoring) int {
 		return cmp.Or(cmp.Compare(a.key%sessionShards, b.key%sessionShards), cmp.Compare(b.lastSeen, a.lastSeen), cmp.Compare(a.key, b.key))
 	})
-	window := int64(v.cfg.ActiveWindow)
+	window := int64(v.activeWindow())
 	for start := 0; start < len(valid); {
 		sh := v.router.sessions.shard(valid[start].key)
 		sh.mu.Lock()

@@ -13,9 +13,14 @@ type Status struct {
 	// TypicalPrompt is the requests' prompt size in tokens, smoothed; the
 	// auto spill threshold reads it.
 	TypicalPrompt float64
-	Since         time.Time
-	InFlight      int64
-	Sessions      int64
+	// PrefillRate is the fleet's prefill rate learned from the replicas'
+	// counters, in prompt tokens per second, and TurnSeconds our requests'
+	// smoothed duration: what expected costs are measured with (0: not
+	// known yet).
+	PrefillRate, TurnSeconds float64
+	Since                    time.Time
+	InFlight                 int64
+	Sessions                 int64
 	// StickyPercent is the share of keyed requests served by their
 	// session's pinned replica (placements included), 0..100.
 	StickyPercent float64
@@ -79,6 +84,8 @@ func (v *View) Status() Status {
 		SpillThresholdAuto: auto,
 		MaxNumSeqs:         v.cfg.MaxNumSeqs,
 		TypicalPrompt:      r.TypicalPrompt(),
+		PrefillRate:        v.prefillRate(),
+		TurnSeconds:        r.turnSeconds.value(),
 		Since:              r.since,
 		Requests:           r.requests.Load(),
 		Unkeyed:            r.unkeyed.Load(),

@@ -69,8 +69,7 @@ func (v *View) touchedAll(s *replicaState, now int64, tokens int) bool {
 	if capacity <= 0 {
 		return true
 	}
-	perToken, _ := v.router.bytesPerTokenLearned()
-	shared, _ := g.sharedTokens(perToken)
+	shared := v.router.sharedTokens()
 	departed := max(d.tokens-d.count*shared, 0)
 	return v.distinct(g.held[s], tokens)+departed <= capacity
 }

@@ -39,8 +39,9 @@ type request struct {
 
 func (r request) failed() bool { return !r.ok && !r.cut }
 
-// spilled reports whether warden sent the request off its conversation's
-// pin for load, keeping the pin.
+// spilled reports whether warden moved the request's conversation off its
+// pin for load, where its turn started sooner: the conversation's pin is
+// where the request went.
 func (r request) spilled() bool { return r.outcome == "spilled" }
 
 // streaming reports whether the response had started: such a request cannot
@@ -146,8 +147,7 @@ func (p pinRules) restartedSince(server string, from, to time.Time) bool {
 // server by a request in flight during the fault, or off a server that
 // restarted since the conversation's last turn there. Requests overlapping
 // an exempt window (affinity off) are skipped: routing by load is their
-// purpose; so are spilled ones: warden sent that one request elsewhere and
-// kept the pin.
+// purpose. A spilled request moves the pin: warden chose to.
 func followPins(reqs []request, w window, rules pinRules) pins {
 	byConv := map[string][]request{}
 	for _, r := range reqs {
@@ -169,11 +169,11 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 				}
 				path = append(path, step)
 			}
-			if r.spilled() || slices.ContainsFunc(rules.exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+			if slices.ContainsFunc(rules.exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
 				continue
 			}
 			server := r.server()
-			if !w.contains(r.start) || pin == "" {
+			if !w.contains(r.start) || pin == "" || r.spilled() {
 				pin, onPin = server, r.end
 				continue
 			}

@@ -36,7 +36,8 @@ func TestFollowPins(t *testing.T) {
 		{"moves back after it recovered", []request{served("a", 0, 5, "r1/0"), served("a", 25, 26, "r0/0"), served("a", 60, 61, "r1/0")}, kill, nil, pins{checked: 1, lost: 1}},
 		{"moves off another replica during the fault", []request{served("a", 0, 5, "r0/0"), served("a", 25, 26, "r2/0")}, kill, nil, pins{checked: 1, lost: 1}},
 		{"served elsewhere while affinity is off", []request{served("a", 0, 5, "r0/0"), served("a", 15, 16, "r2/0"), served("a", 30, 31, "r0/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1}},
-		{"a spill keeps the pin", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
+		{"a spill moves the pin", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r2/0")}, pinFault{}, nil, pins{checked: 1}},
+		{"back off the spill's replica without cause", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1, lost: 1}},
 		{"failures and cut requests do not count", []request{served("a", 0, 5, "r0/0"), {conv: "a", start: at(11), end: at(12), engine: "r2/0", status: 502}, served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
 	}
 	for _, c := range cases {

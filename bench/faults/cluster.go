@@ -181,11 +181,11 @@ func (h *harness) checkGracefulRestart(s span, row *Row) {
 }
 
 // pinsAt maps each conversation to the server of its last success that
-// ended before t, spills left out (they keep the pin).
+// ended before t.
 func pinsAt(reqs []request, t time.Time) map[string]string {
 	last := map[string]request{}
 	for _, r := range reqs {
-		if r.ok && !r.spilled() && r.end.Before(t) && r.end.After(last[r.conv].end) {
+		if r.ok && r.end.Before(t) && r.end.After(last[r.conv].end) {
 			last[r.conv] = r
 		}
 	}
@@ -258,21 +258,27 @@ func servedThrough(reqs []request, instance string, t time.Time) []string {
 }
 
 // returned checks, for each of convs with a home, its successes started at
-// or after t (through instance, if not empty), spills left out:
-// checked counts those with any, back those whose every such success was
-// on the home server.
+// or after t (through instance, if not empty), in order: checked counts
+// those with any, back those whose every such success was on the home
+// server, or on the server a spill (warden's choice) moved it to.
 func returned(reqs []request, convs []string, homes map[string]string, t time.Time, instance string) (back, checked int) {
 	for _, conv := range convs {
 		home, ok := homes[conv]
 		if !ok {
 			continue
 		}
-		seen, all := false, true
+		var after []request
 		for _, r := range reqs {
-			if r.conv != conv || !r.ok || r.spilled() || r.start.Before(t) || (instance != "" && r.instance != instance) {
-				continue
+			if r.conv == conv && r.ok && !r.start.Before(t) && (instance == "" || r.instance == instance) {
+				after = append(after, r)
 			}
-			seen = true
+		}
+		slices.SortFunc(after, func(a, b request) int { return a.start.Compare(b.start) })
+		seen, all := len(after) > 0, true
+		for _, r := range after {
+			if r.spilled() {
+				home = r.server()
+			}
 			all = all && r.server() == home
 		}
 		if seen {
@@ -286,7 +292,7 @@ func returned(reqs []request, convs []string, homes map[string]string, t time.Ti
 }
 
 // movedAfter shows, for each of convs whose successes from t on were not
-// all on its home (spills left out), the servers they went to and when,
+// all on its home (spills aside), the servers they went to and when,
 // relative to t, with warden's outcome where it was not sticky.
 func movedAfter(reqs []request, convs []string, homes map[string]string, t time.Time) []string {
 	var out []string

@@ -24,7 +24,7 @@ func TestPinsStickinessAndReturn(t *testing.T) {
 		req("b", 220, "r2/0", "i2"),
 		req("b", 230, "r1/0", "i1"), // moved back: the last off-final turn is b's at 220
 	}
-	spill := req("a", 240, "r2/0", "i1") // sent off its pin for load, which keeps the pin
+	spill := req("a", 240, "r2/0", "i1") // moved off its pin for load: its pin now
 	spill.outcome = "spilled"
 	reqs = append(reqs, spill)
 	homes := pinsAt(reqs, at(100))
@@ -43,7 +43,7 @@ func TestPinsStickinessAndReturn(t *testing.T) {
 	if back, checked := returned(reqs, []string{"a", "b"}, homes, at(200), "i2"); back != 1 || checked != 2 {
 		t.Errorf("through i2 after: %d of %d back, want 1 of 2", back, checked)
 	}
-	if back, checked := returned(reqs, []string{"a", "b"}, homes, at(200), "i1"); back != 1 || checked != 1 {
-		t.Errorf("through i1 after: %d of %d back, want 1 of 1 (b came back to r1)", back, checked)
+	if back, checked := returned(reqs, []string{"a", "b"}, homes, at(200), "i1"); back != 2 || checked != 2 {
+		t.Errorf("through i1 after: %d of %d back, want 2 of 2 (b came back to r1, a was moved by a spill)", back, checked)
 	}
 }

@@ -12,8 +12,7 @@ import (
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 )
 
-// maxNumSeqs is the simulators' and warden's max_num_seqs: auto spill
-// threshold 8.
+// maxNumSeqs is the simulators' and warden's max_num_seqs.
 const maxNumSeqs = 32
 
 // retrySettings are the reverse_proxy retry options examples/Caddyfile.retries

@@ -126,9 +126,8 @@ func (h *harness) reloadSteps(row *Row, loads *int, offAt *time.Time) []func() e
 		load("16"),
 		expect("a loaded config's spill threshold applies", func(st modelStatus) bool { return st.SpillThreshold == 16 }),
 		load("auto"),
-		// Auto reads the replicas' caches and the prompts: at most a quarter of max_num_seqs.
 		expect("spill_threshold auto in the Caddyfile applies", func(st modelStatus) bool {
-			return st.SpillAuto && st.SpillThreshold >= 1 && st.SpillThreshold <= maxNumSeqs/4
+			return st.SpillAuto && st.SpillThreshold == 0
 		}),
 		load("auto"),
 		affinity(false),

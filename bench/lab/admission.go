@@ -93,8 +93,9 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 			return
 		}
 		dispatch(p.index[rep.ID], func(reply selection.Reply) {
-			d.Release()
-			t.End(virtualTime(p.env.Now()), reply)
+			now := virtualTime(p.env.Now())
+			d.End(now, selection.Reply{})
+			t.End(now, reply)
 		})
 	}
 	tokens := p.view.EstimateTokens(a.PromptBytes)

@@ -51,7 +51,7 @@ func (p *eventsPolicy) Hold(a Arrival, dispatch func(engine int, release func(se
 	if eng < 0 {
 		dispatch(eng, nil)
 	} else {
-		dispatch(eng, d.End)
+		dispatch(eng, func(reply selection.Reply) { d.End(virtualTime(p.env.Now()), reply) })
 	}
 	return func() bool { return false }
 }

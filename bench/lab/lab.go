@@ -57,7 +57,7 @@ type Config struct {
 	ConversationTail time.Duration
 	// MetricsInterval is how often the warden policy sees the engines' metrics.
 	MetricsInterval time.Duration
-	// SpillThreshold is the warden's spill threshold; 0 is auto (max_num_seqs/4).
+	// SpillThreshold is the warden's manual spill threshold; 0 is auto (moves by expected cost).
 	SpillThreshold int
 	// BodyBytesPerToken is the request bodies' bytes per prompt token, as
 	// a proxy sees them; 0 is the simulator's tokenizer, 4 bytes per

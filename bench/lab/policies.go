@@ -33,6 +33,7 @@ var policyFactories = map[string]PolicyFactory{
 // engine's metrics and health at every poll, so that it routes on load as
 // stale between polls as behind Caddy.
 type wardenPolicy struct {
+	env   *Env
 	view  *selection.View
 	index map[string]int
 }
@@ -75,7 +76,7 @@ func newWarden(env *Env, tune func(*selection.Config)) (*wardenPolicy, error) {
 		}
 	})
 	env.Every(fleet.SweepInterval, func(now time.Duration) { model.Tick(virtualTime(now)) })
-	return &wardenPolicy{view: plan.View(), index: index}, nil
+	return &wardenPolicy{env: env, view: plan.View(), index: index}, nil
 }
 
 func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
@@ -83,13 +84,17 @@ func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
 	if eng < 0 {
 		return -1, nil
 	}
-	return eng, d.Release
+	return eng, func() { d.End(virtualTime(p.env.Now()), selection.Reply{}) }
 }
 
 // decide is Pick's choice with the router's decision, whose outcome tests
 // judge: the engine, -1 for none.
 func (p *wardenPolicy) decide(a Arrival) (int, selection.Decision) {
-	d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: p.view.EstimateTokens(a.PromptBytes), Now: virtualTime(a.Now)})
+	req := selection.Request{Key: a.Key, PromptTokens: p.view.EstimateTokens(a.PromptBytes), Now: virtualTime(a.Now)}
+	if p.view.WantsPrefix(selection.HashKey(a.Key)) {
+		req.Prefix = a.Prefix
+	}
+	d := p.view.Pick(req)
 	rep, ok := d.Replica()
 	if !ok {
 		return -1, d
@@ -133,6 +138,8 @@ func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
 		PromptTokensCached: float64(st.PromptTokensCached),
 		GenerationTokens:   float64(st.GenerationTokens),
 		Preemptions:        float64(st.Preemptions),
+		TTFTSeconds:        st.TTFT.Sum,
+		TTFTCount:          float64(st.TTFT.Count),
 		RequestSuccess:     float64(success),
 		BlockSize:          p.BlockSize,
 		NumGPUBlocks:       p.NumGPUBlocks,
@@ -144,7 +151,7 @@ func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
 const allFields = metricsfeed.FieldRunning | metricsfeed.FieldWaiting | metricsfeed.FieldKVUsage |
 	metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits | metricsfeed.FieldPromptTokens |
 	metricsfeed.FieldPromptTokensCached | metricsfeed.FieldGenerationTokens | metricsfeed.FieldPreemptions |
-	metricsfeed.FieldRequestSuccess | metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks
+	metricsfeed.FieldRequestSuccess | metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks | metricsfeed.FieldTTFT
 
 // vllmPolicy is one vLLM API server with --data-parallel-size N balancing
 // over its engines with its internal balancer; engines publish their queues

@@ -252,10 +252,13 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 		}
 	}
 	onOff := map[bool]string{true: "on", false: "off"}
-	autoManual := map[bool]string{true: "auto", false: "manual"}
+	spill := fmt.Sprintf("Spill threshold %d manual", st.SpillThreshold)
+	if st.SpillThresholdAuto {
+		spill = "Moves by expected cost"
+	}
 	for key, want := range map[string]string{
 		"affinity":  "Affinity " + onOff[st.Affinity],
-		"spill":     fmt.Sprintf("Spill threshold %d %s", st.SpillThreshold, autoManual[st.SpillThresholdAuto]),
+		"spill":     spill,
 		"in_flight": fmt.Sprintf("In flight %d", st.InFlight),
 		"max_num_seqs": fmt.Sprintf("max_num_seqs %d (%s)", st.MaxNumSeqs,
 			map[string]string{"config": "set", "process": "from --max-num-seqs", "vllm_default": "vLLM's default"}[st.MaxNumSeqsSource]),
@@ -266,11 +269,12 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 			differ("badge %s: page %q, admin %q", key, page.Badges[key], want)
 		}
 	}
-	switch typical := humanize.Comma(int64(st.TypicalPromptTokens)); {
+	switch {
 	case !st.SpillThresholdAuto && page.SpillTip != "":
 		differ("manual spill threshold explained as %q", page.SpillTip)
-	case st.SpillThresholdAuto && st.TypicalPromptTokens > 0 && !strings.Contains(page.SpillTip, "("+typical+" tokens)"):
-		differ("spill badge title %q, admin typical_prompt_tokens %s", page.SpillTip, typical)
+	case st.SpillThresholdAuto && st.PrefillTokensPerSecond != nil &&
+		!strings.Contains(page.SpillTip, "prefill "+humanize.Comma(int64(*st.PrefillTokensPerSecond))+" tokens/s"):
+		differ("spill badge title %q, admin prefill_tokens_per_second %v", page.SpillTip, *st.PrefillTokensPerSecond)
 	}
 	if sticky, ok := strings.CutPrefix(page.Badges["sticky"], "Sticky "); !ok || !near(sticky, st.StickyPercent) {
 		differ("badge sticky: page %q, admin %.2f%%", page.Badges["sticky"], st.StickyPercent)
@@ -417,7 +421,7 @@ func TestPanelInBrowser(t *testing.T) {
 			{"/warden/models/m/affinity", map[string]bool{"enabled": false}, "affinity", "Affinity off"},
 			{"/warden/models/m/spill_threshold", map[string]int{"value": 5}, "spill", "Spill threshold 5 manual"},
 			{"/warden/models/m/affinity", map[string]bool{"enabled": true}, "affinity", "Affinity on"},
-			{"/warden/models/m/spill_threshold", map[string]bool{"auto": true}, "spill", "Spill threshold 32 auto"},
+			{"/warden/models/m/spill_threshold", map[string]bool{"auto": true}, "spill", "Moves by expected cost"},
 		} {
 			if err := f.caddy.Do(http.MethodPost, change.path, change.body, nil); err != nil {
 				t.Fatal(err)

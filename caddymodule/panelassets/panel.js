@@ -115,16 +115,17 @@
     );
   }
 
-  // spillBadge shows the threshold in force and, for auto, where it comes from.
+  // spillBadge shows the manual threshold in force or, for auto, what moves
+  // are costed with.
   function spillBadge(m, badge) {
-    const b = badge("spill", "Spill threshold " + m.spill_threshold + " " + (m.spill_threshold_auto ? "auto" : "manual"));
-    if (m.spill_threshold_auto) {
-      const quarter = Math.max(1, Math.floor(m.max_num_seqs / 4));
-      b.title = m.typical_prompt_tokens
-        ? "max_num_seqs/4 = " + quarter + ", lowered to the number of typical prompts (" +
-          m.typical_prompt_tokens.toLocaleString("en-US") + " tokens) a replica's KV cache holds, at least 3"
-        : "max_num_seqs/4 = " + quarter + " until requests tell their prompt size";
+    if (!m.spill_threshold_auto) {
+      return badge("spill", "Spill threshold " + m.spill_threshold + " manual");
     }
+    const b = badge("spill", "Moves by expected cost");
+    b.title = m.prefill_tokens_per_second
+      ? "prefill " + Math.round(m.prefill_tokens_per_second).toLocaleString("en-US") + " tokens/s" +
+        (m.turn_seconds ? ", turns of " + m.turn_seconds.toFixed(1) + " s" : "")
+      : "no move for load until the replicas' counters show their prefill rate";
     return b;
   }
 

@@ -67,7 +67,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.replicas, "replicas", c.replicas, "number of replicas (engines)")
 	fs.StringVar(&c.jsonPath, "json", "", "write the rows to this JSON file")
 	fs.StringVar(&c.plotsDir, "plots", "", "write PNG plots into this directory")
-	fs.IntVar(&c.spill, "spill-threshold", 0, "warden spill threshold (0: auto, max_num_seqs/4)")
+	fs.IntVar(&c.spill, "spill-threshold", 0, "warden's manual spill threshold (0: auto, moves by expected cost)")
 	fs.DurationVar(&c.metricsIv, "metrics-interval", c.metricsIv, "how often warden polls the replicas' metrics")
 	fs.BoolVar(&c.cachedTokens, "prompt-tokens-details", c.cachedTokens, "the replicas report each prompt's cached part, as vLLM does with --enable-prompt-tokens-details (false: its default, so load control reads the shared prefix from the requests)")
 	c.workload.RegisterFlags(fs)

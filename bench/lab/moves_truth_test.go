@@ -152,9 +152,7 @@ func (p *truthPolicy) Pick(a Arrival) (int, func()) {
 	if eng < 0 {
 		return -1, nil
 	}
-	if d.Outcome != selection.Spilled { // a spilled turn leaves its pin
-		p.pins[a.Key] = eng
-	}
+	p.pins[a.Key] = eng
 	if measured {
 		switch d.Outcome {
 		case selection.Sticky, selection.Spilled, selection.Rehomed:
@@ -262,14 +260,15 @@ func figures(turns []judgedTurn, other int) truthFigures {
 	return f
 }
 
-// TestRehomeJudgementAgainstGroundTruth checks the warden's cold/warm
-// judgement of each returning turn (rehome.go: Rehomed is judged cold,
-// Sticky or Spilled warm) against what the conversation's pin before the
-// turn held of its prompt at that moment. A cold turn whose old pin still
-// held at least half of the prompt is a false cold, a warm one that found
-// less than half a false warm. The figures are logged for docs/policy.md
-// (go test -v -run RehomeJudgement).
-func TestRehomeJudgementAgainstGroundTruth(t *testing.T) {
+// TestMovesAgainstGroundTruth checks the warden's moves of returning turns
+// against what the conversation's pin before the turn held of its prompt
+// at that moment: a turn moved because its pin had lost most of its cache
+// (Rehomed) must find its old pin holding little of the conversation's own
+// tokens. A turn that stays may be cold too (where no replica would start
+// it sooner, it stays), so nothing is asked of those. The KV cache events,
+// where followed, must tell what the pin holds as the pin itself does.
+// The figures are logged (go test -v -run MovesAgainstGroundTruth).
+func TestMovesAgainstGroundTruth(t *testing.T) {
 	var cells []truthCell
 	for _, seed := range []int64{1, 2} {
 		cells = append(cells, truthCell{3 * time.Second, 16, 4, seed}, truthCell{3 * time.Second, 32, 4, seed})
@@ -304,14 +303,14 @@ func TestRehomeJudgementAgainstGroundTruth(t *testing.T) {
 			t.Fatalf("%v: %v", c, errs[i])
 		}
 		f := results[i]
-		t.Logf("%-42v cold %4d  warm %4d (spilled %3d, other %2d)  false cold %5.1f%%  false warm %5.1f%%  held cold %5.1f%% warm %5.1f%%  own tokens held cold %5.1f%% warm %5.1f%%  sticky held %5.1f%% hit %5.1f%%",
-			c, f.cold, f.warm, f.spilled, f.other, 100*f.falseCold, 100*f.falseWarm, 100*f.coldShare, 100*f.warmShare, 100*f.coldOwn, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
+		t.Logf("%-42v rehomed %4d  stayed or spilled %4d (spilled %3d, other %2d)  old pin held of the rehomed: prompt %5.1f%%, own tokens %5.1f%%; of the others %5.1f%%, %5.1f%%; sticky held %5.1f%% hit %5.1f%%",
+			c, f.cold, f.warm, f.spilled, f.other, 100*f.coldShare, 100*f.coldOwn, 100*f.warmShare, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
 		all = append(all, pooled[i]...)
-		if f.cold >= 20 && f.warm >= 20 && f.warmOwn < f.coldOwn+0.3 {
-			t.Errorf("%v: own tokens held by turns judged cold %.1f%%, warm %.1f%%", c, 100*f.coldOwn, 100*f.warmOwn)
+		if f.cold >= 20 && f.coldOwn > 0.25 {
+			t.Errorf("%v: rehomed turns' old pins held %.1f%% of their own tokens", c, 100*f.coldOwn)
 		}
 	}
-	var judged, wrong, counterWrong, resolved, unresolved int
+	var judged, wrong, resolved, unresolved int
 	for _, f := range results {
 		resolved += f.resolved
 		unresolved += f.unresolved
@@ -323,31 +322,24 @@ func TestRehomeJudgementAgainstGroundTruth(t *testing.T) {
 		}
 		judged++
 		absErr += math.Abs(float64(j.eventsCached-j.cached)) / float64(j.prompt)
-		held := j.share() >= 0.5
-		if (float64(j.eventsCached)/float64(j.prompt) >= 0.5) != held {
+		if (float64(j.eventsCached)/float64(j.prompt) >= 0.5) != (j.share() >= 0.5) {
 			wrong++
 		}
-		if (j.outcome != selection.Rehomed) != held {
-			counterWrong++
-		}
 	}
-	t.Logf("KV cache events: %d of %d turns' chains singled out; %d of %d returning turns judged; cached share error mean %.2f%%; wrong verdicts %.1f%% (the counters' on the same turns %.1f%%)",
-		resolved, resolved+unresolved, judged, len(all), 100*absErr/float64(judged), 100*float64(wrong)/float64(judged), 100*float64(counterWrong)/float64(judged))
+	t.Logf("KV cache events: %d of %d turns' chains singled out; %d of %d returning turns judged; cached share error mean %.2f%%; wrong on which side of half %.1f%%",
+		resolved, resolved+unresolved, judged, len(all), 100*absErr/float64(judged), 100*float64(wrong)/float64(judged))
 	if judged < len(all)*9/10 || wrong*100 > judged {
 		t.Errorf("KV cache events judged %d of %d turns, %d wrongly: they should judge nearly all, and rightly", judged, len(all), wrong)
 	}
 	f := figures(all, 0)
-	t.Logf("all cells: cold %d, warm %d; false cold %.1f%%, false warm %.1f%%; held cold %.1f%%, warm %.1f%%; own tokens held cold %.1f%%, warm %.1f%%; sticky held %.1f%%, hit %.1f%%",
-		f.cold, f.warm, 100*f.falseCold, 100*f.falseWarm, 100*f.coldShare, 100*f.warmShare, 100*f.coldOwn, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
-	// A useless estimate would judge turns cold at random: their old pins
-	// would hold as much of them as of the turns judged warm, and about a
-	// third of the cold ones (as many as of all turns) would be false.
-	if f.cold < 500 || f.warm < 500 {
-		t.Fatalf("too few turns judged: %d cold, %d warm", f.cold, f.warm)
+	t.Logf("all cells: rehomed %d, others %d; old pin held of the rehomed: prompt %.1f%%, own tokens %.1f%%; of the others %.1f%%, %.1f%%; sticky held %.1f%%, hit %.1f%%",
+		f.cold, f.warm, 100*f.coldShare, 100*f.coldOwn, 100*f.warmShare, 100*f.warmOwn, 100*f.stickyHeld, 100*f.stickyHit)
+	if f.cold < 200 {
+		t.Fatalf("too few turns rehomed to judge: %d", f.cold)
 	}
-	if f.warmOwn < f.coldOwn+0.5 || f.falseCold > 0.15 || f.falseWarm > 0.25 {
-		t.Errorf("the judgement does not tell cached conversations apart: own tokens held cold %.1f%%, warm %.1f%%; false cold %.1f%%, false warm %.1f%%",
-			100*f.coldOwn, 100*f.warmOwn, 100*f.falseCold, 100*f.falseWarm)
+	if f.coldOwn > 0.1 || f.falseCold > 0.1 {
+		t.Errorf("turns rehomed from pins that still held their cache: own tokens held %.1f%%, at least half the prompt held for %.1f%%",
+			100*f.coldOwn, 100*f.falseCold)
 	}
 }
 
