@@ -97,32 +97,21 @@ func choose(ids *bodyIDs, fp Identity) Identity {
 // where the prefix ends, at the first invalid byte, or once the fingerprint
 // is known (nothing after it can change the result).
 func scanBody(prefix []byte, fingerprint bool, ids *bodyIDs) (fp Identity) {
-	dec := json.NewDecoder(bytes.NewReader(prefix))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return Identity{}
-	}
-	var system json.RawMessage // Anthropic's system, Responses' instructions, when before the head
+	var system []byte // Anthropic's system, Responses' instructions, when before the head
 	headStarted := false
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return fp
-		}
-		name, _ := tok.(string)
-		if fingerprint && (name == "messages" || name == "input") && !headStarted {
+	walkObject(prefix, func(name, value []byte, cut bool) bool {
+		head := string(name) == "messages" || string(name) == "input"
+		if fingerprint && head && !headStarted {
 			headStarted = true
 			var resume bool
-			if fp, resume = fingerprintOf(dec, system); fp.Key != 0 || !resume {
-				return fp // known, or cut short: the decoder cannot go on
-			}
-			continue
+			fp, resume = fingerprintOf(json.NewDecoder(bytes.NewReader(value)), system)
+			return fp.Key == 0 && resume // unknown yet, and the decoder read the whole value
 		}
-		var value json.RawMessage
-		if dec.Decode(&value) != nil {
-			return fp // cut short: keep what was found
+		if cut {
+			return false // keep what was found
 		}
 		// Values of the wrong type are ignored like absent ones.
-		switch name {
+		switch string(name) {
 		case "system", "instructions":
 			if !headStarted {
 				system = value
@@ -156,7 +145,8 @@ func scanBody(prefix []byte, fingerprint bool, ids *bodyIDs) (fp Identity) {
 		case "user":
 			ids.set(idUser, stringValue(value), !headStarted)
 		}
-	}
+		return true
+	})
 	return fp
 }
 

@@ -3,7 +3,7 @@
 // the body of an Anthropic Messages, OpenAI Chat Completions or Responses
 // request, or, for clients that send no ID at all, in a fingerprint of the
 // conversation's head. Every key leaves this package hashed: raw IDs are
-// never kept.
+// never kept. The same walk of a body reads the model it names (Model).
 package sessionkey
 
 import (
