@@ -17,6 +17,7 @@ var wardenModules = []string{
 	"admin.api.warden",
 	"http.handlers.warden_panel",
 	"http.handlers.warden_stop_reason",
+	"http.matchers.warden_model",
 	"http.reverse_proxy.selection_policies.warden",
 	"http.reverse_proxy.upstreams.warden",
 	"warden",

@@ -72,6 +72,54 @@ func (b *bodyBudget) read(r *http.Request, limit int64) (data []byte, whole bool
 	return data, whole
 }
 
+// readUntil reads r's body into memory in steps, until enough says that
+// the bytes read suffice, the body ends, limit bytes are read or the budget
+// has no more free, and hands it on intact, the bytes read first. The first
+// step reads first bytes; the next reads the rest of a body of announced
+// length, else as much again as read so far. enough sees the bytes read
+// after each step. Unlike read, it reads the start of a body announced
+// longer than limit. The bytes count against the budget until the request
+// ends.
+func (b *bodyBudget) readUntil(r *http.Request, first, limit int, enough func(read []byte) bool) {
+	var data []byte
+	var err error
+	for want := first; ; want = len(data) {
+		if r.ContentLength >= 0 {
+			// One byte more than announced: a read that ends short says
+			// the body is whole.
+			rest := int(r.ContentLength) + 1 - len(data)
+			want = rest
+			if data == nil {
+				want = min(first, rest)
+			}
+		}
+		want = min(want, limit-len(data))
+		grant := 0
+		if want > 0 {
+			grant = int(b.reserve(1, int64(want)))
+		}
+		if grant == 0 {
+			break
+		}
+		grown := make([]byte, len(data)+grant)
+		copy(grown, data)
+		var n int
+		n, err = io.ReadFull(r.Body, grown[len(data):])
+		data = grown[:len(data)+n]
+		b.used.Add(int64(n - grant))
+		if n > 0 && enough(data) || err != nil || len(data) >= limit {
+			break
+		}
+	}
+	if len(data) == 0 && err == nil {
+		return // nothing read: the body stays as it was
+	}
+	if held := int64(len(data)); held > 0 {
+		context.AfterFunc(r.Context(), func() { b.used.Add(-held) })
+	}
+	replay(r, data, err, err == io.EOF || err == io.ErrUnexpectedEOF)
+}
+
 // during runs fn with n more bytes of the budget taken, if it has them
 // free, and reports whether it ran fn.
 func (b *bodyBudget) during(n int64, fn func()) bool {
