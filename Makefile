@@ -16,7 +16,7 @@ XCADDY := $(or $(shell command -v xcaddy 2>/dev/null),$(PINNED_XCADDY))
 XCADDY_GOPROXY = $$($(GO) env GOPROXY | cut -d, -f1)|off
 # The module IDs a Caddy built with the plugin must list (as in
 # wardenModules, caddywarden_test.go).
-WARDEN_MODULES := warden http.reverse_proxy.selection_policies.warden http.reverse_proxy.upstreams.warden admin.api.warden http.handlers.warden_panel http.handlers.warden_stop_reason http.matchers.warden_model
+WARDEN_MODULES := warden http.reverse_proxy.selection_policies.warden http.reverse_proxy.upstreams.warden admin.api.warden http.handlers.warden_models http.handlers.warden_panel http.handlers.warden_stop_reason http.matchers.warden_model
 
 # Root module. Unit tests, under the race detector, packages in parallel.
 UNIT_PKGS := . ./selection/... ./fleet/... ./metricsfeed/... ./health/... ./sessionkey/... ./promptprefix/... ./replyend/... ./internal/... ./cmd/...

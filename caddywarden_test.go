@@ -15,6 +15,7 @@ import (
 // must register, and the only ones of this repository it may register.
 var wardenModules = []string{
 	"admin.api.warden",
+	"http.handlers.warden_models",
 	"http.handlers.warden_panel",
 	"http.handlers.warden_stop_reason",
 	"http.matchers.warden_model",

@@ -52,6 +52,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		names = append(names, name)
 	}
 	slices.Sort(names)
+	if err := checkModelNames(a.Models); err != nil {
+		return err
+	}
 	for _, name := range names {
 		cfg := a.Models[name]
 		if cfg == nil {

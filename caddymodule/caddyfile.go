@@ -35,6 +35,7 @@ func init() {
 //			tls_enabled on|off
 //		}
 //		model <name> {
+//			aliases <name>...
 //			replicas <host:port>...
 //			replica [<host:port>] {
 //				process <command> <args>...
@@ -97,6 +98,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 				return d.Err(err.Error())
 			}
 			app.Models[name] = m
+			if err := checkModelNames(app.Models); err != nil {
+				return d.Err(err.Error())
+			}
 			return nil
 		}},
 	}, nil)
@@ -215,6 +219,14 @@ func parseModel(d *caddyfile.Dispenser) (*ModelConfig, error) {
 		"server": {parse: func(d *caddyfile.Dispenser) (err error) {
 			m.Server, err = parseServer(d)
 			return err
+		}},
+		"aliases": {repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return d.Err("aliases: expected at least one name, as vllm serve --served-model-name gives them")
+			}
+			m.Aliases = append(m.Aliases, names...)
+			return nil
 		}},
 		"max_num_seqs": {parse: func(d *caddyfile.Dispenser) (err error) {
 			m.MaxNumSeqs, err = positiveInt(d)

@@ -2,7 +2,9 @@ package caddymodule
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +26,12 @@ type ModelConfig struct {
 	Replicas []ReplicaConfig `json:"replicas,omitempty"`
 	// Server is one vLLM server running --data-parallel-size Ranks engines.
 	Server *ServerConfig `json:"server,omitempty"`
+
+	// Aliases are the other names the model's replicas serve (vLLM's
+	// --served-model-name takes several), which warden_models lists beside
+	// the model's own name: the names agents ask for, served as they are,
+	// with no rewrite of the request.
+	Aliases []string `json:"aliases,omitempty"`
 
 	// MaxNumSeqs is vLLM's --max-num-seqs per replica; 0 reads it from the
 	// command line of the processes the app launches, else takes what vLLM
@@ -211,6 +219,11 @@ func (c *ModelConfig) validate(name string) error {
 			return fmt.Errorf("model %q: kv_events of %s: %v", name, id, err)
 		}
 	}
+	for _, a := range c.Aliases {
+		if a == "" || a == name {
+			return fmt.Errorf("model %q: alias %q: expected another name than the model's own", name, a)
+		}
+	}
 	seen := map[string]bool{}
 	for _, a := range c.addresses() {
 		if a == "" {
@@ -354,4 +367,26 @@ func (c *ModelConfig) bodyScanBytes() int {
 		return c.BodyScanBytes
 	}
 	return defaultBodyScanBytes
+}
+
+// checkModelNames reports a name two models answer to: a model's name or
+// alias that another model (or the same one) also has. warden_models would
+// list it twice, and a request naming it can go to one of them only.
+func checkModelNames(models map[string]*ModelConfig) error {
+	owner := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(models)) {
+		owner[name] = name
+	}
+	for _, name := range slices.Sorted(maps.Keys(models)) {
+		if models[name] == nil {
+			continue // Provision reports it
+		}
+		for _, a := range models[name].Aliases {
+			if other, taken := owner[a]; taken {
+				return fmt.Errorf("model %q: alias %q is already a name of model %q", name, a, other)
+			}
+			owner[a] = name
+		}
+	}
+	return nil
 }

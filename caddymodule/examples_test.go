@@ -21,7 +21,8 @@ func TestListModules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("list-modules: %v\n%s", err, out)
 	}
-	for _, id := range []string{"warden", "http.reverse_proxy.selection_policies.warden", "admin.api.warden", "http.handlers.warden_stop_reason"} {
+	for _, id := range []string{"warden", "http.reverse_proxy.selection_policies.warden", "admin.api.warden", "http.handlers.warden_stop_reason",
+		"http.matchers.warden_model", "http.handlers.warden_models"} {
 		if !strings.Contains("\n"+string(out), "\n"+id+"\n") {
 			t.Errorf("list-modules does not show %s", id)
 		}
