@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
 )
 
 type anthropicUsage struct {
@@ -145,5 +146,31 @@ func (a *anthropicWhole) end(piece string, u usage) {
 		"content":     []any{block},
 		"stop_reason": a.stopReason(u.reason), "stop_sequence": nil,
 		"usage": a.s.anthropicUsageOf(u),
+	})
+}
+
+var anthropicCount = chatAPI{parse: parseAnthropicCount, writeError: writeAnthropicError}
+
+// handleCountTokens answers Anthropic's count_tokens as vLLM does: the size of the prompt the
+// chat template renders (system prompt, tools, messages), which the API server tokenizes
+// without running an engine. Off (--count-tokens=false), the path is unknown, as on a vLLM
+// before it: FastAPI's 404.
+func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
+	if !s.cfg.CountTokens {
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+		return
+	}
+	req, body, ok := s.readRequest(w, r, anthropicCount, s.refuser(w, r, anthropicCount))
+	if !ok {
+		return
+	}
+	n := len(tokenizer.ChatTokens(req.system, req.messages))
+	engine := s.ID() + "/api"
+	if s.cfg.OnCount != nil {
+		s.cfg.OnCount(Served{Path: r.URL.Path, Engine: engine, Header: r.Header.Clone(), Body: body})
+	}
+	w.Header().Set(EngineHeader, engine)
+	writeJSON(w, http.StatusOK, map[string]any{
+		"input_tokens": n, "context_management": map[string]int{"original_input_tokens": n},
 	})
 }

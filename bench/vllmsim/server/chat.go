@@ -62,28 +62,9 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 
 // serveChat runs one request: parse, tokenize, choose an engine, then relay its tokens.
 func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) {
-	refuse := func(status int, message string) {
-		api.writeError(w, status, message)
-		if s.cfg.OnRefuse != nil {
-			s.cfg.OnRefuse(Refused{Path: r.URL.Path, Status: status, Message: message})
-		}
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		refuse(http.StatusBadRequest, "cannot read body: "+err.Error())
-		return
-	}
-	req, err := api.parse(body)
-	if err != nil {
-		status := http.StatusBadRequest
-		if se, ok := errors.AsType[statusError](err); ok {
-			status = se.status
-		}
-		refuse(status, err.Error())
-		return
-	}
-	if req.model != "" && !s.cfg.servesModel(req.model) {
-		refuse(http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.model))
+	refuse := s.refuser(w, r, api)
+	req, body, ok := s.readRequest(w, r, api, refuse)
+	if !ok {
 		return
 	}
 	prompt := tokenizer.ChatTokens(req.system, req.messages)
@@ -163,6 +144,40 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, api chatAPI) 
 			return
 		}
 	}
+}
+
+// refuser answers a request with an error in its API's shape, and tells OnRefuse.
+func (s *Server) refuser(w http.ResponseWriter, r *http.Request, api chatAPI) func(status int, message string) {
+	return func(status int, message string) {
+		api.writeError(w, status, message)
+		if s.cfg.OnRefuse != nil {
+			s.cfg.OnRefuse(Refused{Path: r.URL.Path, Status: status, Message: message})
+		}
+	}
+}
+
+// readRequest reads and parses a request's body and checks that the server serves its
+// model; it refuses the request and reports false when not.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, api chatAPI, refuse func(int, string)) (chatRequest, []byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		refuse(http.StatusBadRequest, "cannot read body: "+err.Error())
+		return chatRequest{}, nil, false
+	}
+	req, err := api.parse(body)
+	if err != nil {
+		status := http.StatusBadRequest
+		if se, ok := errors.AsType[statusError](err); ok {
+			status = se.status
+		}
+		refuse(status, err.Error())
+		return chatRequest{}, nil, false
+	}
+	if req.model != "" && !s.cfg.servesModel(req.model) {
+		refuse(http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.model))
+		return chatRequest{}, nil, false
+	}
+	return req, body, true
 }
 
 // chooseRank honours X-data-parallel-rank as vLLM does (a non-integer is ignored, an

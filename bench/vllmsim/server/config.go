@@ -41,6 +41,9 @@ type Config struct {
 	// PromptTokensDetails reports cached prompt tokens in usage (vLLM's
 	// --enable-prompt-tokens-details; on here, since measuring caching is the point).
 	PromptTokensDetails bool
+	// CountTokens serves POST /v1/messages/count_tokens, as vLLM has since PR #35588
+	// (February 2026); off, the path is a 404 as on older servers.
+	CountTokens bool
 	// KVEvents, when enabled, publishes each engine's prefix-cache changes as vLLM's KV
 	// cache events (--kv-events-config).
 	KVEvents KVEventsConfig
@@ -51,6 +54,10 @@ type Config struct {
 	// it must be safe for concurrent use). Tests use it to see which engine served what and
 	// what the client sent.
 	OnRequest func(Served)
+	// OnCount, if set, is called with every count_tokens request the server answered, from
+	// the request's goroutine; its Engine is "<server id>/api": the API server tokenizes
+	// the prompt, no engine runs.
+	OnCount func(Served)
 	// OnRefuse, if set, is called with every generation request the server answered with an
 	// error, as vLLM would (a model it does not serve, a prompt or max_tokens over
 	// --max-model-len, a malformed body), from the request's goroutine.
@@ -85,6 +92,7 @@ func DefaultConfig() Config {
 		TimeScale:           1,
 		Model:               DefaultModel,
 		PromptTokensDetails: true,
+		CountTokens:         true,
 	}
 }
 
@@ -197,6 +205,7 @@ func newFlagSet(cfg *Config, v *flagValues, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&v.servedModelNames, "served-model-name", "", "comma-separated names requests may use (default: --model)")
 	fs.StringVar(&v.outputLen, "output-len", "max", "reply length: max (= max_tokens) or uniform:LOW:HIGH (HIGH may be max)")
 	fs.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", cfg.PromptTokensDetails, "report cached prompt tokens in usage")
+	fs.BoolVar(&cfg.CountTokens, "count-tokens", cfg.CountTokens, "serve POST /v1/messages/count_tokens (false: a 404, as vLLM before early 2026)")
 
 	fs.StringVar(&v.kvEventsConfig, "kv-events-config", "", `vLLM's KV cache events, e.g. {"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557", "topic": "kv-events"}`)
 

@@ -24,8 +24,11 @@ func TestParseFlagsOverridesProfileNumbers(t *testing.T) {
 	}
 	if cfg.Port != 8001 || cfg.DataParallelSize != 4 || cfg.LB != dplb.V027 || cfg.TimeScale != 10 ||
 		strings.Join(cfg.ServedModelNames, ",") != "a,b" || cfg.OutputLen.String() != "uniform:32:max" ||
-		cfg.Faults.HealthStatus != 503 || cfg.Host != "127.0.0.1" {
+		cfg.Faults.HealthStatus != 503 || cfg.Host != "127.0.0.1" || !cfg.CountTokens {
 		t.Errorf("config %+v", cfg)
+	}
+	if cfg, err := ParseFlags([]string{"--count-tokens=false"}, io.Discard); err != nil || cfg.CountTokens {
+		t.Errorf("--count-tokens=false: serves count_tokens %v (%v)", cfg.CountTokens, err)
 	}
 }
 

@@ -111,11 +111,21 @@ type anthropicRequest struct {
 // parseAnthropic reads a POST /v1/messages body: system as a string or text blocks, message
 // content as a string or blocks. metadata and other fields are accepted and ignored.
 func parseAnthropic(body []byte) (chatRequest, error) {
+	return parseAnthropicRequest(body, true)
+}
+
+// parseAnthropicCount reads a POST /v1/messages/count_tokens body: a messages request
+// without max_tokens.
+func parseAnthropicCount(body []byte) (chatRequest, error) {
+	return parseAnthropicRequest(body, false)
+}
+
+func parseAnthropicRequest(body []byte, generates bool) (chatRequest, error) {
 	var in anthropicRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		return chatRequest{}, fmt.Errorf("invalid JSON body: %w", err)
 	}
-	if in.MaxTokens == nil {
+	if generates && in.MaxTokens == nil {
 		return chatRequest{}, errors.New("max_tokens: field required")
 	}
 	if len(in.Messages) == 0 {

@@ -482,6 +482,63 @@ func TestServesOnlyItsServedNames(t *testing.T) {
 	}
 }
 
+// count_tokens answers the size of the prompt a messages request of the same body would
+// have, without an engine; without --count-tokens the path is FastAPI's 404, as on a vLLM
+// from before it.
+func TestCountTokens(t *testing.T) {
+	var counted []Served
+	var refused []Refused
+	var mu sync.Mutex
+	s := startServer(t, func(c *Config) {
+		c.ServedModelNames = []string{"qwen3-4b", "claude-haiku-4-5"}
+		c.OnCount = func(r Served) { mu.Lock(); counted = append(counted, r); mu.Unlock() }
+		c.OnRefuse = func(r Refused) { mu.Lock(); refused = append(refused, r); mu.Unlock() }
+	})
+	msg := anthropicBody("You are a coding agent.", 16, user(words(1, 300)), tokenizer.Message{Role: "assistant", Content: "ok"}, user("and then?"))
+	msg["model"] = "claude-haiku-4-5"
+	raw, _ := json.Marshal(msg)
+	prompt, err := PromptTokens("/v1/messages", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(msg, "max_tokens") // count_tokens takes none
+	r := post(t, s, "/v1/messages/count_tokens?beta=true", msg)
+	var count struct {
+		InputTokens       int `json:"input_tokens"`
+		ContextManagement struct {
+			OriginalInputTokens int `json:"original_input_tokens"`
+		} `json:"context_management"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &count); err != nil || r.status != http.StatusOK ||
+		count.InputTokens != len(prompt) || count.ContextManagement.OriginalInputTokens != len(prompt) {
+		t.Errorf("count_tokens: %d %s (%v), want %d input tokens", r.status, r.body, err, len(prompt))
+	}
+	if got := r.engine; got != s.ID()+"/api" {
+		t.Errorf("%s: %q, want the server's API", EngineHeader, got)
+	}
+	msg["model"] = "qwen3-coder"
+	if r := post(t, s, "/v1/messages/count_tokens", msg); r.status != http.StatusNotFound || !strings.Contains(r.body, "not_found_error") {
+		t.Errorf("count_tokens of a model not served: %d %s, want Anthropic's 404", r.status, r.body)
+	}
+	if r := post(t, s, "/v1/messages/count_tokens", map[string]any{"model": "qwen3-4b"}); r.status != http.StatusBadRequest {
+		t.Errorf("count_tokens without messages: %d %s, want 400", r.status, r.body)
+	}
+	mu.Lock()
+	if len(counted) != 1 || counted[0].Path != "/v1/messages/count_tokens" || len(refused) != 2 {
+		t.Errorf("OnCount heard %d, OnRefuse %d; want the one count and the two refusals", len(counted), len(refused))
+	}
+	mu.Unlock()
+	if got, ok := scrape(t, s)[`vllm:prompt_tokens_total{engine="0"}`]; !ok || got != 0 {
+		t.Errorf("count_tokens ran an engine: %v prompt tokens (%v)", got, ok)
+	}
+
+	old := startServer(t, func(c *Config) { c.CountTokens = false })
+	msg["model"] = DefaultModel
+	if r := post(t, old, "/v1/messages/count_tokens", msg); r.status != http.StatusNotFound || strings.TrimSpace(r.body) != `{"detail":"Not Found"}` {
+		t.Errorf("without count_tokens: %d %s, want FastAPI's 404", r.status, r.body)
+	}
+}
+
 func TestMetricsExposeEveryVLLMSeries(t *testing.T) {
 	s := startServer(t, func(c *Config) { c.DataParallelSize = 2 })
 	post(t, s, "/v1/messages", anthropicBody("s", 2, user("hi")))
