@@ -90,6 +90,7 @@ func startFakeVLLM(t *testing.T, name string, engines int) *fakeVLLM {
 	mux.HandleFunc("POST /v1/messages", f.messages)
 	mux.HandleFunc("POST /v1/chat/completions", f.messages)
 	mux.HandleFunc("POST /v1/responses", f.messages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", f.countTokens)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
 	mux.HandleFunc("GET /metrics", f.metrics)
 	f.srv = &http.Server{Handler: mux}
@@ -149,6 +150,15 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 		}
 	}
+}
+
+// countTokens answers Anthropic's count_tokens, one token per body byte, as vLLM answers
+// it: no engine runs, no in-flight count or token counter moves.
+func (f *fakeVLLM) countTokens(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Backend", f.name+"/api")
+	fmt.Fprintf(w, `{"input_tokens":%d,"context_management":{"original_input_tokens":%d}}`, len(body), len(body))
 }
 
 func (f *fakeVLLM) metrics(w http.ResponseWriter, _ *http.Request) {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -34,6 +35,9 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	}
 	if held.id.Auxiliary {
 		return true // a side call the agent names: small, and its own prompt
+	}
+	if countsTokens(r) {
+		return true // no turn: the server only tokenizes the prompt
 	}
 	ctx := r.Context()
 	ready := make(chan struct{})
@@ -85,6 +89,14 @@ func (p *Policy) wait(r *http.Request, t *selection.Ticket, ready <-chan struct{
 		t.Force(time.Now()) // false: admitted meanwhile, which is as good
 		return true
 	}
+}
+
+// countsTokens reports whether r asks the server for the size of a prompt
+// (Anthropic's count_tokens, which Claude Code calls and vLLM serves) rather
+// than for a reply: its conversation's replica answers it, but load control
+// does not hold it as a turn of the conversation.
+func countsTokens(r *http.Request) bool {
+	return strings.HasSuffix(r.URL.Path, "/messages/count_tokens")
 }
 
 // retryAfter is the Retry-After of a refused turn, in whole seconds: one

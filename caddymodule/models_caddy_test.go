@@ -209,3 +209,37 @@ func TestModelsConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// count_tokens, which Claude Code sends without its hint headers when they are off, goes to
+// the conversation's replica like its turns, but load control does not hold it as a turn (nor
+// read its answer).
+func TestCountTokensIsNoTurn(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
+	f := startFleetWith(t, caddySetup{
+		modelBlock:     "replicas {replicas}\n\t\t\tload_control on",
+		siteDirectives: "warden_stop_reason",
+	}, backends...)
+	home := f.turn(t, "conv")
+	req, err := http.NewRequest(http.MethodPost, "http://"+f.site+"/v1/messages/count_tokens?beta=true",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"how long is this?"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Claude-Code-Session-Id", "conv")
+	for range 3 {
+		resp, err := siteClient.Do(req.Clone(req.Context()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Backend") != strings.TrimSuffix(home, "/0")+"/api" {
+			t.Errorf("count_tokens: %d from %s (%s), want the conversation's replica %s", resp.StatusCode, resp.Header.Get("X-Backend"), body, home)
+		}
+		req.Body = io.NopCloser(strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"how long is this?"}]}`))
+	}
+	lc := f.status(t).LoadControl
+	if lc.Admitted != 1 || lc.Replies.Read != 1 {
+		t.Errorf("load control admitted %d requests and read %d replies; want the one turn's", lc.Admitted, lc.Replies.Read)
+	}
+}
