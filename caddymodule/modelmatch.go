@@ -106,9 +106,10 @@ func (m MatchModel) MatchWithError(r *http.Request) (bool, error) {
 const varModel = "warden.model"
 
 // How much of a body is read for its model: a first read that holds the
-// model of the agents that write it first (Anthropic's SDK, Codex,
-// OpenCode), then as much again at each step, up to maxModelScan, for
-// clients that write it after the conversation (Python's OpenAI SDK).
+// model of the agents that write it first (Claude Code, Codex, OpenCode and
+// Qwen Code all do), then the rest of a body of announced length, else as
+// much again at each step, up to maxModelScan, for clients that write it
+// after the conversation (Python's OpenAI SDK).
 const (
 	firstModelRead = 4 << 10
 	maxModelScan   = 8 << 20

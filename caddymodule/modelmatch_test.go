@@ -244,9 +244,8 @@ func FuzzMatchModel(f *testing.F) {
 	})
 }
 
-// bodiesForModel are requests of about 1 MiB: the model first (Anthropic's
-// SDK, Codex, OpenCode), after the conversation (Python's OpenAI SDK), and
-// none.
+// bodiesForModel are requests of about 1 MiB: the model first (Claude Code,
+// Codex, OpenCode), after the conversation (Python's OpenAI SDK), and none.
 func bodiesForModel() map[string][]byte {
 	messages := `[` + strings.Repeat(`{"role":"user","content":"Read main.go and fix the failing test, then run the tests again."},`, 12_000) + `{"role":"user","content":"go"}]`
 	return map[string][]byte{
