@@ -32,34 +32,11 @@ func TestClaudeCodeInteractive(t *testing.T) {
 	bin, version := findCLI(t, c)
 	f := startFleet(t, fleetOptions{loadControl: true})
 	home := t.TempDir()
-	dir := filepath.Join(home, "project")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	env, err := c.setup(f, home)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The title requests are "nonessential traffic": let them through. A terminal, and no CI
-	// variable, which CLIs take as "not interactive".
-	env = slices.DeleteFunc(append(baseEnv(home), env...), func(kv string) bool {
-		return strings.HasPrefix(kv, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=") ||
-			strings.HasPrefix(kv, "CI=") || strings.HasPrefix(kv, "TERM=") || strings.HasPrefix(kv, "NO_COLOR=")
-	})
-	env = append(env, "TERM=xterm-256color")
-	// What a person has done once: onboarding, trusting the folder, accepting the API key
-	// (Claude Code keeps its last 20 characters).
-	settings, _ := json.Marshal(map[string]any{
-		"hasCompletedOnboarding": true,
-		"projects":               map[string]any{dir: map[string]bool{"hasTrustDialogAccepted": true, "hasCompletedProjectOnboarding": true}},
-		"customApiKeyResponses":  map[string]any{"approved": []string{dummyKey[len(dummyKey)-20:]}, "rejected": []string{}},
-	})
-	if err := os.WriteFile(filepath.Join(home, ".claude.json"), settings, 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	term := startTerminal(t, bin, dir, env, "--model", model)
-	term.waitFor(t, "the input prompt", func() bool { return strings.Contains(term.printed(), "❯") })
+	term := startClaudeCode(t, bin, home, env, "--model", model)
 
 	var turns []turn
 	for i := range 2 {
@@ -116,6 +93,36 @@ func TestClaudeCodeInteractive(t *testing.T) {
 		t.Errorf("load control admitted %d turns, ended %d tasks, saw %d side calls; want the %d main turns only, each ending its task",
 			lc.Admitted, lc.TaskEnded, lc.SideCalls, mains)
 	}
+}
+
+// startClaudeCode runs Claude Code in a terminal in home's project directory, with env
+// (besides the base environment) and args, as a person who has used it before, and waits for
+// its input prompt. Its title requests are "nonessential traffic": they are let through.
+func startClaudeCode(t *testing.T, bin, home string, env []string, args ...string) *terminal {
+	t.Helper()
+	dir := filepath.Join(home, "project")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A terminal, and no CI variable, which CLIs take as "not interactive".
+	env = slices.DeleteFunc(append(baseEnv(home), env...), func(kv string) bool {
+		return strings.HasPrefix(kv, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=") ||
+			strings.HasPrefix(kv, "CI=") || strings.HasPrefix(kv, "TERM=") || strings.HasPrefix(kv, "NO_COLOR=")
+	})
+	env = append(env, "TERM=xterm-256color")
+	// What a person has done once: onboarding, trusting the folder, accepting the API key
+	// (Claude Code keeps its last 20 characters).
+	settings, _ := json.Marshal(map[string]any{
+		"hasCompletedOnboarding": true,
+		"projects":               map[string]any{dir: map[string]bool{"hasTrustDialogAccepted": true, "hasCompletedProjectOnboarding": true}},
+		"customApiKeyResponses":  map[string]any{"approved": []string{dummyKey[len(dummyKey)-20:]}, "rejected": []string{}},
+	})
+	if err := os.WriteFile(filepath.Join(home, ".claude.json"), settings, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	term := startTerminal(t, bin, dir, env, args...)
+	term.waitFor(t, "the input prompt", func() bool { return strings.Contains(term.printed(), "❯") })
+	return term
 }
 
 // toolCount is the number of tools a request body declares.

@@ -57,15 +57,20 @@ func (c command) get(name string) string {
 // quickStartURL is the site the quick start's clients are pointed at.
 const quickStartURL = "http://127.0.0.1:8080"
 
-// parseQuickStart reads the README's "Quick start" section: its ```sh blocks (the `vllm
-// serve` lines and the clients' commands), its Caddyfile and Codex's profile.
+// parseQuickStart reads the README's "Quick start" section.
 func parseQuickStart(readme string) (quickStart, error) {
-	var qs quickStart
 	_, section, ok := strings.Cut(readme, "\n## Quick start\n")
 	if !ok {
-		return qs, errors.New("the README has no Quick start section")
+		return quickStart{}, errors.New("the README has no Quick start section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
+	return parseGuide(section)
+}
+
+// parseGuide reads what a guide has a user run: its ```sh blocks (the `vllm serve` lines and
+// the clients' commands), its first Caddyfile and Codex's profile.
+func parseGuide(section string) (quickStart, error) {
+	var qs quickStart
 	for _, b := range fenced(section) {
 		switch b.lang {
 		case "caddyfile":
@@ -477,7 +482,7 @@ func (r *refusals) since(mark int) []server.Refused {
 }
 
 // startQuickStart starts the simulated replicas and Caddy with the quick start's
-// Caddyfile, on free ports.
+// Caddyfile, on free ports, its site logging each request.
 func startQuickStart(t *testing.T, qs quickStart, sims []server.Config) (*fleet, *refusals) {
 	t.Helper()
 	bin, err := caddyBin()
@@ -488,12 +493,15 @@ func startQuickStart(t *testing.T, qs quickStart, sims []server.Config) (*fleet,
 	caddyfile := qs.caddyfile
 	for i, cfg := range sims {
 		readmePort := cfg.Port
-		cfg.Host, cfg.Port, cfg.ID = "127.0.0.1", 0, fmt.Sprintf("r%d", i)
+		cfg.Host, cfg.Port = "127.0.0.1", 0
+		if cfg.ID == "" {
+			cfg.ID = fmt.Sprintf("r%d", i)
+		}
 		cfg.TimeScale = 20
 		if cfg.OutputLen, err = server.ParseOutputLen("uniform:8:24"); err != nil {
 			t.Fatal(err)
 		}
-		cfg.OnRequest, cfg.OnRefuse = rec.add, refused.add
+		cfg.OnRequest, cfg.OnCount, cfg.OnRefuse = rec.add, rec.add, refused.add
 		sim, err := server.New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -508,7 +516,8 @@ func startQuickStart(t *testing.T, qs quickStart, sims []server.Config) (*fleet,
 	admin, site := ports[0], ports[1]
 	_, sitePort, _ := strings.Cut(site, ":")
 	_, readmeSitePort, _ := strings.Cut(strings.TrimPrefix(quickStartURL, "http://"), ":")
-	caddyfile = replaceOnce(t, caddyfile, "\n:"+readmeSitePort+" {", "\n:"+sitePort+" {")
+	// The site logs its requests (fleet.requestCounts).
+	caddyfile = replaceOnce(t, caddyfile, "\n:"+readmeSitePort+" {", "\n:"+sitePort+" {\n\tlog {\n\t\toutput stderr\n\t\tformat json\n\t}")
 	global, ok := strings.CutPrefix(caddyfile, "{\n")
 	if !ok {
 		t.Fatalf("the quick start's Caddyfile opens with no global options block:\n%s", caddyfile)
