@@ -256,15 +256,16 @@ func bodiesForModel() map[string][]byte {
 }
 
 // matchOnce runs a matcher, if given, on a fresh request of body, as Caddy
-// would for each request, discards the body as the upstream would read it
-// and ends the request, which gives the bytes read back to the budget.
+// would for each request, reads the body as the upstream's transport would
+// (Read after Read, into a buffer) and ends the request, which gives the
+// bytes read back to the budget.
 func matchOnce(m MatchModel, body []byte, announced bool) {
 	ctx, end := context.WithCancel(context.Background())
 	r := modelRequestIn(ctx, body, announced, false)
 	if m != nil {
 		_, _ = m.MatchWithError(r)
 	}
-	_, _ = io.Copy(io.Discard, r.Body)
+	_, _ = io.Copy(io.Discard, struct{ io.Reader }{r.Body})
 	end()
 }
 
