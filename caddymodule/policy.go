@@ -247,6 +247,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		context.AfterFunc(ctx, held.release)
 	}
 	req.PromptTokens, req.Prefix = p.view.EstimateTokens(held.body.Bytes), held.body.Prefix
+	req.CountOnly = countsTokens(r)
 	req.Now = time.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,

@@ -255,3 +255,38 @@ func TestActiveWindowFollowsTheGapsBetweenTurns(t *testing.T) {
 		t.Fatalf("configured: %v", w)
 	}
 }
+
+// A count_tokens request goes to its conversation's replica but is no
+// turn: it neither places nor moves the conversation, nor counts as
+// prefill or as a turn's duration.
+func TestCountOnlyRequestIsNoTurn(t *testing.T) {
+	r := newTestRouter(2, Config{})
+	teachRate(r, 5000, kvLoad(1000))
+	first := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: t0})
+	first.End(t0.Add(time.Second), Reply{})
+	home := id(first)
+	r.SetLoad(home, kvLoad(1000+36000+5000)) // 5,000 of a's 10,000 evicted
+	count := func(key string) Decision {
+		return r.Pick(Request{Key: key, PromptTokens: 30000, CountOnly: true, Now: t0.Add(time.Second)})
+	}
+	d := count("a")
+	if d.Outcome != Sticky || id(d) != home {
+		t.Fatalf("count of a: %v on %s, want %s", d.Outcome, id(d), home)
+	}
+	if got := r.byID[home].backlog.at(t0.Add(time.Second).UnixNano(), 0); got != 0 {
+		t.Errorf("backlog %g after a count, want 0", got)
+	}
+	d.End(t0.Add(time.Hour), Reply{})
+	if got := r.Status().TurnSeconds; got != 1 {
+		t.Errorf("turn duration %g s after a count of an hour, want the turn's 1 s", got)
+	}
+	if got := cachedNow(r, "a"); got != 5000 {
+		t.Errorf("a's cache %d after a count, want the 5,000 the writes left", got)
+	}
+	if d := count("new"); d.Outcome != Unpinned {
+		t.Fatalf("count of an unknown conversation: %v, want unpinned", d.Outcome)
+	}
+	if r.knows(HashKey("new")) {
+		t.Error("a count pinned its conversation")
+	}
+}

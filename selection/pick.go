@@ -42,6 +42,12 @@ type Request struct {
 	// Prefix is the request's system prompt and tool parts, read from its
 	// body when WantsPrefix asked for them; nil otherwise.
 	Prefix Prefix
+	// CountOnly marks a request that only asks the size of its prompt
+	// (Anthropic's count_tokens): it goes to its conversation's replica,
+	// whose tokenizer answers it, but is no turn: it computes nothing, and
+	// neither places nor moves the conversation, nor tells of its cache or
+	// of the turns' duration.
+	CountOnly bool
 	// Usable reports whether the proxy can reach an upstream address now
 	// (Caddy's own health and max_requests); nil means every address.
 	Usable func(address string) bool
@@ -130,7 +136,7 @@ type Decision struct {
 	moves  uint32
 	// prompt is the request's prompt size and uncached the part its
 	// replica computes, counted there until Release; sent is when it was
-	// routed, by from.
+	// routed, by from, when it was a turn (not CountOnly).
 	prompt, uncached int
 	sent             int64
 	from             *Router
@@ -171,6 +177,9 @@ func (d Decision) end(reply Reply) {
 // Pick chooses the replica for a request and counts it in flight there, in
 // the same step as the choice.
 func (v *View) Pick(req Request) Decision {
+	if req.CountOnly {
+		return v.count(req)
+	}
 	if req.PromptTokens > 0 {
 		v.router.observePrompt(req.PromptTokens)
 	} else { // unknown size: counted in flight as a typical prompt
@@ -185,6 +194,20 @@ func (v *View) Pick(req Request) Decision {
 		d.sent, d.from = req.Now.UnixNano(), v.router
 	}
 	return d
+}
+
+// count routes a CountOnly request: to its conversation's replica when it
+// has a usable one, else by load, pinning nothing.
+func (v *View) count(req Request) Decision {
+	req.PromptTokens = 0 // no turn's work: counted in flight, not in pending
+	v.router.requests.Add(1)
+	if key := req.key(); key != 0 && v.cfg.Affinity {
+		if pin := v.router.pinOf(key, req.Now.UnixNano(), int64(v.cfg.SessionTTL)); pin != nil && v.usable(pin, req.Usable) {
+			pin.sticky.Add(1)
+			return v.send(pin, req, 0, Sticky)
+		}
+	}
+	return v.pickByLoad(req, req.key())
 }
 
 // key is the request's hashed session key, 0 for none.
