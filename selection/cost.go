@@ -10,13 +10,13 @@ import (
 // Expected cost. A conversation stays on its pin unless another replica
 // would serve its turn sooner, counting what the move costs the fleet. At a
 // replica a turn waits for the prefill work queued ahead of it (backlog),
-// then, if every place to run is taken (slots), for a turn there to end,
+// then, if every place to run is taken (slots), for turns there to end,
 // then computes the part of its prompt the replica has not cached. Moving
 // it elsewhere also makes the fleet compute again what its pin had cached,
-// which delays the turns queued behind it there: that extra work is counted
-// once more. Costs are in seconds at the fleet's prefill rate, which the
-// router learns from the replicas' counters; until it has, nothing moves
-// for load.
+// which costs the other turns too (recomputeWeight). Costs are in seconds
+// at the fleet's prefill rate, which the router learns from the replicas'
+// counters; until it has, nothing moves for load. docs/routing.md says it
+// for users.
 
 // rateMemory is how long the best rate seen is remembered: the prefill
 // rate is the hardware's, and any prefill that did not queue shows it.
