@@ -38,6 +38,25 @@ func BenchmarkPinnedLookup(b *testing.B) {
 	}
 }
 
+// BenchmarkPinnedLookupCosted is BenchmarkPinnedLookup with the replicas'
+// KV caches and prefill rate known, so that each turn's stay is costed
+// against the move it could make.
+func BenchmarkPinnedLookupCosted(b *testing.B) {
+	r := newTestRouter(benchReplicas, Config{MaxSessions: 2 * benchConversations})
+	teachRate(r, 5000, kvLoad(1000))
+	keys := make([]string, benchConversations)
+	for i := range keys {
+		keys[i] = "5f0c8e3a-0000-4000-8000-" + strconv.Itoa(100000000000+i)
+		r.Pick(Request{Key: keys[i], PromptTokens: 10000, Now: t0}).End(t0, Reply{})
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		r.Pick(Request{Key: keys[i%len(keys)], PromptTokens: 10000, Now: t0}).Release()
+		i++
+	}
+}
+
 // BenchmarkPinnedLookupShared is BenchmarkPinnedLookup with a shared pin
 // table configured, which a known conversation never consults.
 func BenchmarkPinnedLookupShared(b *testing.B) {

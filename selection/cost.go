@@ -88,16 +88,21 @@ func (b *backlog) at(now int64, rate float64) float64 {
 	return b.drained(now, rate)
 }
 
-// prefillRate is the fleet's prefill rate in tokens per second, the
-// fastest of its replicas' (they run the same model on alike hardware); 0
-// until a replica's counters have shown it.
-func (v *View) prefillRate() float64 {
+// learnPrefillRate sets the fleet's prefill rate to the fastest of its
+// replicas' (they run the same model on alike hardware).
+func (r *Router) learnPrefillRate() {
+	r.statesMu.Lock()
 	rate := 0.0
-	for _, s := range v.replicas {
+	for _, s := range r.states {
 		rate = max(rate, s.rate.value())
 	}
-	return rate
+	r.statesMu.Unlock()
+	r.prefill.Store(math.Float64bits(rate))
 }
+
+// prefillRate is the fleet's prefill rate in tokens per second; 0 until a
+// replica's counters have shown it.
+func (v *View) prefillRate() float64 { return math.Float64frombits(v.router.prefill.Load()) }
 
 // slots is how many requests s runs at once: its sequence slots
 // (max_num_seqs), or as many as its KV cache holds if fewer, the shared

@@ -91,6 +91,9 @@ type Router struct {
 	// replies reported them (tokens.go); both outlive config loads like the
 	// sessions.
 	typicalPrompt, bytesPerToken smoothed
+	// prefill is the fleet's prefill rate, the fastest of its replicas'
+	// (float64 bits; cost.go), kept here as every pick reads it.
+	prefill atomic.Uint64
 	// turnSeconds is our requests' duration, from their routing to their
 	// end, and gapSeconds the time between a conversation's turns (from
 	// the start of one to the next), both smoothed (cost.go).
@@ -165,6 +168,7 @@ func (r *Router) state(id string) *replicaState {
 func (r *Router) SetLoad(id string, l Load) {
 	if s := r.state(id); s != nil {
 		s.setLoad(l)
+		r.learnPrefillRate()
 	}
 }
 
