@@ -42,6 +42,8 @@ const (
 	FieldNumGPUBlocks
 	FieldReportedHitRate
 	FieldTTFT
+	FieldExternalQueries
+	FieldExternalHits
 )
 
 // LoadFields are the gauges a router needs to judge an engine's load.
@@ -81,6 +83,12 @@ type EngineStats struct {
 	// time-to-first-token histogram (vllm:time_to_first_token_seconds).
 	TTFTSeconds float64 `json:"ttft_seconds"`
 	TTFTCount   float64 `json:"ttft_count"`
+
+	// ExternalQueries and ExternalHits count the prompt tokens the GPU
+	// prefix cache missed that were asked of a KV connector, such as the
+	// host-memory tier (--kv-offloading-size), and those it served.
+	ExternalQueries float64 `json:"external_prefix_queries"`
+	ExternalHits    float64 `json:"external_prefix_hits"`
 
 	BlockSize    int `json:"block_size"`     // tokens per KV block, from cache_config_info
 	NumGPUBlocks int `json:"num_gpu_blocks"` // KV blocks on the GPU, from cache_config_info
@@ -216,6 +224,9 @@ var vllmSeries = []seriesSpec{
 	// (loggers.py: "Deprecated in 0.9 - Renamed as vllm:prefix_cache_queries").
 	{names: counterNames("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"), kind: counter, field: FieldPrefixQueries, set: accumulate(func(e *EngineStats) *float64 { return &e.PrefixQueries })},
 	{names: counterNames("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"), kind: counter, field: FieldPrefixHits, set: accumulate(func(e *EngineStats) *float64 { return &e.PrefixHits })},
+	// A patched 0.11.0 named the connector's counters connector_prefix_cache_*.
+	{names: counterNames("vllm:external_prefix_cache_queries", "vllm:connector_prefix_cache_queries"), kind: counter, field: FieldExternalQueries, set: accumulate(func(e *EngineStats) *float64 { return &e.ExternalQueries })},
+	{names: counterNames("vllm:external_prefix_cache_hits", "vllm:connector_prefix_cache_hits"), kind: counter, field: FieldExternalHits, set: accumulate(func(e *EngineStats) *float64 { return &e.ExternalHits })},
 	{names: counterNames("vllm:prompt_tokens"), kind: counter, field: FieldPromptTokens, set: accumulate(func(e *EngineStats) *float64 { return &e.PromptTokens })},
 	{names: counterNames("vllm:prompt_tokens_cached"), kind: counter, field: FieldPromptTokensCached, set: accumulate(func(e *EngineStats) *float64 { return &e.PromptTokensCached })},
 	{names: counterNames("vllm:generation_tokens"), kind: counter, field: FieldGenerationTokens, set: accumulate(func(e *EngineStats) *float64 { return &e.GenerationTokens })},

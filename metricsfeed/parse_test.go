@@ -99,6 +99,18 @@ func TestParseLegacyGaugeNameAndNoEngineLabel(t *testing.T) {
 // TestParseNameVariants reads saved /metrics bodies of the servers warden
 // meets: each must give the same kind of stats whatever the series are
 // called, and a series a server does not publish must stay absent.
+// hostTierStats is what the host-tier fixtures hold.
+var hostTierStats = EngineStats{
+	Model:         "Qwen/Qwen3-4B-Instruct-2507",
+	PrefixQueries: 9500, PrefixHits: 720, PromptTokens: 9500, PromptTokensCached: 1680,
+	ExternalQueries: 8780, ExternalHits: 960,
+	GenerationTokens: 20, RequestSuccess: 5, TTFTSeconds: 1.614795885, TTFTCount: 5,
+	BlockSize: 16, NumGPUBlocks: 400,
+	Present: LoadFields | PrefixFields | FieldPromptTokens | FieldPromptTokensCached | FieldGenerationTokens |
+		FieldPreemptions | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks | FieldTTFT |
+		FieldExternalQueries | FieldExternalHits,
+}
+
 func TestParseNameVariants(t *testing.T) {
 	cases := []struct {
 		file string
@@ -143,6 +155,18 @@ func TestParseNameVariants(t *testing.T) {
 				BlockSize: 16, NumGPUBlocks: 27690,
 				Present: LoadFields | FieldPromptTokens | FieldGenerationTokens | FieldPreemptions | FieldRequestSuccess | FieldReportedHitRate | FieldBlockSize | FieldNumGPUBlocks,
 			},
+		},
+		{
+			// a host-memory KV tier (vllmsim --kv-offloading-size 1, after five
+			// requests): the tokens the GPU missed that the tier was asked for
+			// and served
+			file: "vllmsim_host_tier.txt",
+			want: hostTierStats,
+		},
+		{
+			// a patched 0.11.0's names for the same counters
+			file: "vllm_v011_connector_names.txt",
+			want: hostTierStats,
 		},
 		{
 			// nothing about the prefix cache at all
