@@ -182,10 +182,12 @@ func (v *View) uncachedElsewhere(prompt int) int {
 
 // uncachedAtPin is what of the turn's prompt the conversation's pin (e, its
 // shard locked) would compute when the turn runs there: what the pin has
-// evicted of the conversation, but not the shared prefix, which it holds
-// as any replica does.
+// evicted of the conversation and its host tier would not load back, but
+// not the shared prefix, which it holds as any replica does.
 func (v *View) uncachedAtPin(e *session, req Request) int {
-	return min(max(0, req.PromptTokens-e.cachedTokens()), v.uncachedElsewhere(req.PromptTokens))
+	cached := e.cachedTokens()
+	host := e.hostCached(e.evictedAtPin(cached, v.router.sharedTokens()))
+	return min(max(0, req.PromptTokens-cached-host), v.uncachedElsewhere(req.PromptTokens))
 }
 
 // cheaperThan is the usable replica other than the conversation's pin (e,
@@ -200,7 +202,7 @@ func (v *View) cheaperThan(e *session, req Request, key uint64, now int64) *repl
 	t := v.lowest(req.Usable, key, func(s *replicaState) bool { return s != e.pin && s.healthy.Load() }, func(s *replicaState) float64 {
 		return v.turnCost(s, req.PromptTokens, elsewhere, now, rate)
 	})
-	if t == nil || v.moveGain(e.pin, t, req.PromptTokens, uncached, elsewhere, now, rate) <= 0 {
+	if t == nil || v.moveGain(e.pin, t, req.PromptTokens, uncached, elsewhere, now, rate) <= 0 || v.keptByHostTier(e, t, req.PromptTokens) {
 		return nil
 	}
 	return t

@@ -274,6 +274,7 @@ func (v *View) pick(req Request) Decision {
 // stay routes a request to its conversation's pin (e, its shard locked).
 func (v *View) stay(e *session, req Request, key uint64) Decision {
 	e.pin.sticky.Add(1)
+	e.pin.host.sent.Add(int64(e.evictedAtPin(e.cachedTokens(), v.router.sharedTokens())))
 	uncached := v.uncachedAtPin(e, req)
 	return v.send(e.pin, req, uncached, Sticky).onPin(v, e, key, req.PromptTokens)
 }

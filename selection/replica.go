@@ -44,6 +44,10 @@ type Load struct {
 	// metrics do not say: prefilled tokens per second of time to first
 	// token, at best, is the prefill rate (cost.go).
 	Prefilled, TTFTSeconds float64
+	// ExternalQueries counts the prompt tokens the GPU prefix cache missed
+	// that were asked of a host-memory tier, ExternalHits those it served,
+	// both 0 without a tier (hosttier.go).
+	ExternalQueries, ExternalHits float64
 	// At is when the scrape was taken; zero when unknown.
 	At time.Time
 	// Known is false when the metrics are missing, stale or invalid: the
@@ -88,6 +92,8 @@ type replicaState struct {
 	// backlog is the prefill work of our requests queued there (cost.go).
 	rate    prefillRate
 	backlog backlog
+	// host learns what share of the GPU's misses a host tier serves.
+	host hostShare
 	// chains, when set, is what the replica's KV cache events tell of
 	// conversations' chains (chains.go).
 	chains                    atomic.Pointer[chainSource]
@@ -128,6 +134,7 @@ func (s *replicaState) setLoad(l Load) {
 	}
 	if prev := s.load.Load(); l.Known && prev.Known {
 		s.rate.observe(*prev, l)
+		s.host.observe(*prev, l)
 	}
 	s.load.Store(&l)
 	if l.KVTokens > 0 {

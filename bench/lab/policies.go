@@ -122,11 +122,16 @@ func (p *wardenPolicy) outcomes() map[string]uint64 {
 }
 
 // scrapeOf is what metricsfeed parses from the engine's /metrics as the
-// simulator serves it: one engine, every series present.
+// simulator serves it: one engine, every series present, the host tier's
+// with a tier.
 func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
 	var success uint64
 	for _, n := range st.RequestSuccess {
 		success += n
+	}
+	present := allFields
+	if p.HostTier() {
+		present |= metricsfeed.FieldExternalQueries | metricsfeed.FieldExternalHits
 	}
 	return metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
 		Running:            st.Running,
@@ -143,7 +148,9 @@ func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
 		RequestSuccess:     float64(success),
 		BlockSize:          p.BlockSize,
 		NumGPUBlocks:       p.NumGPUBlocks,
-		Present:            allFields,
+		ExternalQueries:    float64(st.ExternalPrefixCacheQueries),
+		ExternalHits:       float64(st.ExternalPrefixCacheHits),
+		Present:            present,
 	}}}
 }
 
