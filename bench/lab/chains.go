@@ -32,9 +32,13 @@ func newEventsPolicy(env *Env) (Policy, error) {
 	return &eventsPolicy{w}, nil
 }
 
-// applyKVEvents is what a kvevents.Subscriber does with a batch.
+// applyKVEvents is what a kvevents.Subscriber does with a batch: the host
+// tier's events are skipped, since they say nothing of the GPU's cache.
 func applyKVEvents(c *kvevents.Chains, events []engine.KVEvent) {
 	for _, ev := range events {
+		if ev.Medium != engine.MediumGPU {
+			continue
+		}
 		switch ev.Kind {
 		case engine.BlockStored:
 			c.Stored(ev.ParentBlockHash, ev.BlockHashes)
