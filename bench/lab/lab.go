@@ -27,6 +27,7 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -42,6 +43,11 @@ type Config struct {
 	Workload agentload.Config
 	// Profile is every engine's model.
 	Profile engine.Profile
+	// HostTierTimesGPU, when positive, sizes every engine's host-memory KV
+	// tier as this multiple of its GPU KV cache, in place of
+	// Profile.KVOffloadingSize, so that the tier follows the cache a shape
+	// or a flag gives the engines.
+	HostTierTimesGPU float64
 	// Replicas is the number of engines.
 	Replicas int
 	// Warmup is how long each run's closed loop runs before its measured
@@ -121,11 +127,28 @@ func (c Config) Validate() error {
 	if c.SpillThreshold < 0 {
 		errs = append(errs, fmt.Errorf("spill threshold must be 0 (auto) or positive, got %d", c.SpillThreshold))
 	}
+	if c.HostTierTimesGPU < 0 || math.IsNaN(c.HostTierTimesGPU) {
+		errs = append(errs, fmt.Errorf("host tier must be 0 (the profile's) or a positive multiple of the GPU KV cache, got %g", c.HostTierTimesGPU))
+	}
 	if c.BodyBytesPerToken < 0 {
 		errs = append(errs, fmt.Errorf("body bytes per token must be 0 (the simulator's) or positive, got %g", c.BodyBytesPerToken))
 	}
-	errs = append(errs, c.Workload.Validate(), c.Profile.Validate())
+	errs = append(errs, c.Workload.Validate(), c.EngineProfile().Validate())
 	return errors.Join(errs...)
+}
+
+// EngineProfile is Profile with its host tier sized by HostTierTimesGPU, if set.
+func (c Config) EngineProfile() engine.Profile {
+	return WithHostTierTimesGPU(c.Profile, c.HostTierTimesGPU)
+}
+
+// WithHostTierTimesGPU returns p with a host tier of times its GPU KV cache,
+// or p unchanged when times is 0.
+func WithHostTierTimesGPU(p engine.Profile, times float64) engine.Profile {
+	if times > 0 {
+		p.KVOffloadingSize = times * p.KVCacheGiB()
+	}
+	return p
 }
 
 // Run simulates policy with sessions concurrent sessions for cfg.Warmup then
@@ -171,6 +194,8 @@ func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, e
 	if err := plan.check(); err != nil {
 		return nil, err
 	}
+	// The engines, and the policies that read their profile, see the tier sized.
+	cfg.Profile, cfg.HostTierTimesGPU = cfg.EngineProfile(), 0
 	// A job is what must run in sequence: one run from a fresh fleet, or a
 	// whole seed on its warm fleet.
 	type job struct {

@@ -308,3 +308,59 @@ func TestConversationTimes(t *testing.T) {
 		}
 	}
 }
+
+// With a host tier of four times a GPU cache the conversations overflow,
+// the rows count the prompt tokens loaded from it beside the GPU's hits,
+// within the bound of one unlimited cache; without a tier nothing changes.
+func TestHostTierHitsAreCountedApart(t *testing.T) {
+	cfg := shortConfig()
+	cfg.Profile.NumGPUBlocks, cfg.Profile.MaxModelLen = 1100, 16384
+	plain, err := Run(cfg, PolicyRoundRobin, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.HostTierTimesGPU = 4
+	tiered, err := Run(cfg, PolicyRoundRobin, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.HostTierGiB != 0 || plain.HostHitPercent != 0 {
+		t.Errorf("without a tier: %g GiB, %.1f%% host hits", plain.HostTierGiB, plain.HostHitPercent)
+	}
+	if want := 4 * cfg.Profile.KVCacheGiB(); tiered.HostTierGiB != want {
+		t.Errorf("a tier of %g GiB, want %g", tiered.HostTierGiB, want)
+	}
+	if tiered.HostHitPercent <= 0 || tiered.PrefixHitPercent+tiered.HostHitPercent > tiered.HitBoundPercent {
+		t.Errorf("with a tier: %.1f%% GPU hits and %.1f%% host hits against a bound of %.1f%%",
+			tiered.PrefixHitPercent, tiered.HostHitPercent, tiered.HitBoundPercent)
+	}
+	if tiered.PrefixHitPercent+tiered.HostHitPercent <= plain.PrefixHitPercent {
+		t.Errorf("the tier served nothing more: %.1f%% + %.1f%% with it, %.1f%% without",
+			tiered.PrefixHitPercent, tiered.HostHitPercent, plain.PrefixHitPercent)
+	}
+	cfg.HostTierTimesGPU = -1
+	if _, err := Run(cfg, PolicyRoundRobin, 8, 1); err == nil {
+		t.Error("accepted a negative host tier")
+	}
+}
+
+// A tier given as a multiple of the GPU KV cache is the same tier given in
+// GiB, for the engines and for warden, which reads the tier's counters when
+// the profile has one.
+func TestHostTierTimesGPUIsTheSameTierInGiB(t *testing.T) {
+	cfg := shortConfig() // 24 sessions overflow its GPU caches, and warden counts on the tier
+	plan := Plan{Policies: []string{PolicyWarden}, Levels: []int{24}, Seeds: []int64{1}}
+	cfg.HostTierTimesGPU = 4
+	times, err := Sweep(cfg, plan, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.HostTierTimesGPU, cfg.Profile.KVOffloadingSize = 0, 4*cfg.Profile.KVCacheGiB()
+	gib, err := Sweep(cfg, plan, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(times, gib) {
+		t.Errorf("4x the GPU KV cache:\n%+v\n%g GiB:\n%+v", times, cfg.Profile.KVOffloadingSize, gib)
+	}
+}

@@ -66,6 +66,7 @@ func (f *simFleet) counters() engine.Stats {
 		s := e.Stats()
 		sum.PrefixCacheQueries += s.PrefixCacheQueries
 		sum.PrefixCacheHits += s.PrefixCacheHits
+		sum.ExternalPrefixCacheHits += s.ExternalPrefixCacheHits
 		sum.Preemptions += s.Preemptions
 		sum.GenerationTokens += s.GenerationTokens
 		for i, n := range s.RequestSuccess {
@@ -556,11 +557,13 @@ func (o *outcome) row(policy string) report.Row {
 	s, sum := o.sim, o.summary
 	queries := o.after.PrefixCacheQueries - o.before.PrefixCacheQueries
 	hits := o.after.PrefixCacheHits - o.before.PrefixCacheHits
+	hostHits := o.after.ExternalPrefixCacheHits - o.before.ExternalPrefixCacheHits
 	r := report.Row{
 		Mode: report.ModeLab, Policy: policy, Sessions: len(s.slots), Seed: s.seed,
 		DurationS:   (s.end - s.measured).Seconds(),
 		Preemptions: o.after.Preemptions - o.before.Preemptions,
 		Replicas:    len(s.fleet.engines),
+		HostTierGiB: s.env.cfg.Profile.KVOffloadingSize,
 	}
 	r.SetClientSide(sum, 1)
 	if s.busySamples > 0 {
@@ -568,6 +571,7 @@ func (o *outcome) row(policy string) report.Row {
 	}
 	if queries > 0 {
 		r.PrefixHitPercent = 100 * float64(hits) / float64(queries)
+		r.HostHitPercent = 100 * float64(hostHits) / float64(queries)
 	}
 	if s.boundQueries > 0 {
 		r.HitBoundPercent = 100 * float64(s.boundHits) / float64(s.boundQueries)

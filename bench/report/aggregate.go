@@ -37,6 +37,7 @@ var (
 	conversationP95 = metric{"Conv p95 (s)", conversationTime(func(r Row) float64 { return r.ConversationP95S }), fixed(1), true}
 	replicasBusy    = metric{"Busy", func(r Row) float64 { return r.ReplicasBusy }, fixed(2), false}
 	prefixHits      = metric{"Hits %", func(r Row) float64 { return r.PrefixHitPercent }, fixed(1), false}
+	hostHits        = metric{"Host hits %", hostHitPercent, fixed(1), true}
 	stayedPercent   = metric{"Stayed %", func(r Row) float64 { return r.StayedPercent }, fixed(1), false}
 	hitBound        = metric{"Bound %", func(r Row) float64 { return r.HitBoundPercent }, fixed(1), true}
 	preemptions     = metric{"Preempt", func(r Row) float64 { return float64(r.Preemptions) }, fixed(0), true}
@@ -46,6 +47,25 @@ var (
 var tableMetrics = []metric{
 	sessionsPerHour, outputPerMin, ttfbP50, ttfbP95, replicasBusy, prefixHits, stayedPercent,
 	hitBound, ttfbMean, conversationP50, conversationP95, preemptions, errorCount,
+}
+
+// hostHitPercent reads the host tier's hits, NaN (not measured) for a row
+// of an end-to-end run, which does not read the tier's counters.
+func hostHitPercent(r Row) float64 {
+	if r.Mode != ModeLab {
+		return math.NaN()
+	}
+	return r.HostHitPercent
+}
+
+// metricsFor are the table's columns for rows: tableMetrics, with the host
+// tier's hits beside the GPU's when a row had a tier.
+func metricsFor(rows []Row) []metric {
+	if !slices.ContainsFunc(rows, func(r Row) bool { return r.HostTierGiB > 0 }) {
+		return tableMetrics
+	}
+	i := slices.IndexFunc(tableMetrics, func(m metric) bool { return m.header == prefixHits.header })
+	return slices.Insert(slices.Clone(tableMetrics), i+1, hostHits)
 }
 
 // conversationTime reads a time per conversation, NaN (not measured) for a

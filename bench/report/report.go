@@ -65,8 +65,17 @@ type Row struct {
 	// requests in flight.
 	ReplicasBusy float64 `json:"replicas_busy"`
 	// PrefixHitPercent is prompt tokens served from cache over prompt tokens
-	// requested, from the engines' own counters over the window.
+	// requested, from the engines' own counters over the window: the GPU
+	// prefix cache's (vllm:prefix_cache_hits over vllm:prefix_cache_queries).
 	PrefixHitPercent float64 `json:"prefix_hit_percent"`
+	// HostHitPercent is prompt tokens loaded from the replicas' host-memory
+	// KV tiers over the same prompt tokens requested
+	// (vllm:external_prefix_cache_hits), so that the two add up to what the
+	// cache served; measured by the lab only.
+	HostHitPercent float64 `json:"host_hit_percent,omitempty"`
+	// HostTierGiB is each replica's host-memory KV tier in GiB, vLLM's
+	// --kv-offloading-size; 0 is none.
+	HostTierGiB float64 `json:"kv_offloading_size_gib,omitempty"`
 	// StayedPercent is the mean share of a session's requests served by the
 	// replica that served its first one.
 	StayedPercent float64 `json:"stayed_percent"`

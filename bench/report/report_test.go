@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -316,5 +317,65 @@ func TestSetClientSideScalesTimesAndRates(t *testing.T) {
 	lab.SetClientSide(sum, 1)
 	if lab.ConversationP50S != 4 || lab.ConversationP95S != 9 || lab.ConversationMeanS != 5 || lab.TTFBP95S != 0.3 || lab.OutputTokensPerMin != 50_000 {
 		t.Errorf("time scale 1: %+v", lab)
+	}
+}
+
+// A host tier adds its hits beside the GPU's, measured by the lab only;
+// without one, neither the table nor the JSON changes.
+func TestHostTierHitsShowOnlyWithATier(t *testing.T) {
+	cells := func(rows []Row) map[string][]string {
+		var out bytes.Buffer
+		if err := PrintTable(&out, rows); err != nil {
+			t.Fatal(err)
+		}
+		lines := map[string][]string{}
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			f := regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(l), -1)
+			if len(f) > 1 {
+				lines[f[0]+" "+f[1]] = f
+			}
+		}
+		return lines
+	}
+	plain := cells(sampleRows())
+	if header := plain["Sessions Policy"]; slices.Contains(header, hostHits.header) || len(header) != 3+len(tableMetrics) {
+		t.Errorf("header without a tier: %q", header)
+	}
+
+	rows := sampleRows()[:4] // seeds 1: warden and vllm at 4 and 16 sessions
+	for i := range rows {
+		rows[i].HostTierGiB, rows[i].HostHitPercent = 22, float64(5+i)
+	}
+	run := rows[0]
+	run.Mode = ModeRun
+	tiered := cells(append(rows, run))
+	header := tiered["Sessions Policy"]
+	i := slices.Index(header, hostHits.header)
+	if i < 0 || header[i-1] != prefixHits.header {
+		t.Fatalf("header with a tier: %q", header)
+	}
+	for line, want := range map[string]string{"4 lab warden": "5.0", "4 lab vllm": "6.0", "16 lab warden": "7.0", "4 run warden": "-", "4 seed on": "-"} {
+		if got := tiered[line]; len(got) <= i || got[i] != want {
+			t.Errorf("%s: %q, want %s under %q", line, got, want, hostHits.header)
+		}
+	}
+
+	path := filepath.Join(t.TempDir(), "results.json")
+	for _, c := range []struct {
+		rows []Row
+		want bool
+	}{{sampleRows(), false}, {rows, true}} {
+		if err := WriteJSON(path, c.rows); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{`"host_hit_percent"`, `"kv_offloading_size_gib"`} {
+			if got := bytes.Contains(raw, []byte(key)); got != c.want {
+				t.Errorf("%s in the JSON: %v, want %v", key, got, c.want)
+			}
+		}
 	}
 }

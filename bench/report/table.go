@@ -10,7 +10,8 @@ import (
 
 // PrintTable writes the seed's table layout (DESIGN §1) with one line per
 // policy and level, the seed's own numbers first at each level (added from
-// SeedRows when rows hold none), then ours, plus the hit bound, the TTFB
+// SeedRows when rows hold none), then ours, plus the host tier's hits when
+// the replicas had one, the hit bound, the TTFB
 // mean, the time per conversation (p50, p95), preemptions and errors. Over
 // several seeds each cell is "mean±standard deviation"; "-" is a figure not
 // measured (the seed's columns it lacks; no conversation timed).
@@ -20,9 +21,10 @@ func PrintTable(w io.Writer, rows []Row) error {
 	}
 	points, order := aggregate(rows)
 	mixed := mixedModes(order)
+	metrics := metricsFor(rows)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	header := []string{"Sessions", "Policy", "Seeds"}
-	for _, m := range tableMetrics {
+	for _, m := range metrics {
 		header = append(header, m.header)
 	}
 	writeLine(tw, header)
@@ -35,7 +37,7 @@ func PrintTable(w io.Writer, rows []Row) error {
 			seeds = "-"
 		}
 		line := []string{strconv.Itoa(p.sessions), p.label(mixed), seeds}
-		for _, m := range tableMetrics {
+		for _, m := range metrics {
 			line = append(line, p.cell(m))
 		}
 		writeLine(tw, line)

@@ -85,6 +85,11 @@ func (p Profile) KVCapacityTokens() int {
 	return p.NumGPUBlocks * p.BlockSize
 }
 
+// KVCacheGiB is the GPU KV cache's size in GiB, the unit a host tier is compared with.
+func (p Profile) KVCacheGiB() float64 {
+	return float64(p.KVCapacityTokens()) * p.KVBytesPerToken / (1 << 30)
+}
+
 // HostTier reports whether the profile has a host-memory KV tier.
 func (p Profile) HostTier() bool { return p.KVOffloadingSize > 0 }
 
