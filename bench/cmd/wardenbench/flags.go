@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,9 @@ type common struct {
 	// cachedTokens: the replicas report the cached part of each prompt, as
 	// vLLM does with --enable-prompt-tokens-details.
 	cachedTokens bool
+	// hostTierTimes sizes the replicas' host tier as this multiple of their
+	// GPU KV cache (--kv-offloading-size Nx) in place of profile's GiB.
+	hostTierTimes float64
 }
 
 // newCommon returns the defaults: the seed's levels, 3 minutes per level,
@@ -71,7 +75,61 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.metricsIv, "metrics-interval", c.metricsIv, "how often warden polls the replicas' metrics")
 	fs.BoolVar(&c.cachedTokens, "prompt-tokens-details", c.cachedTokens, "the replicas report each prompt's cached part, as vLLM does with --enable-prompt-tokens-details (false: its default, so load control reads the shared prefix from the requests)")
 	c.workload.RegisterFlags(fs)
-	c.profile.RegisterFlags(fs)
+	profile := flag.NewFlagSet("", flag.ContinueOnError)
+	c.profile.RegisterFlags(profile)
+	profile.VisitAll(func(f *flag.Flag) {
+		if f.Name == kvOffloadingSize {
+			fs.Var(hostTierSize{&c.profile.KVOffloadingSize, &c.hostTierTimes}, f.Name, hostTierUsage)
+			return
+		}
+		fs.Var(f.Value, f.Name, f.Usage)
+	})
+}
+
+// engineProfile is every replica's profile, its host tier sized.
+func (c *common) engineProfile() engine.Profile {
+	return lab.WithHostTierTimesGPU(c.profile, c.hostTierTimes)
+}
+
+// kvOffloadingSize is vLLM's flag for the host-memory KV tier, which
+// wardenbench also takes as a multiple of the GPU KV cache (hostTierUsage).
+const (
+	kvOffloadingSize = "kv-offloading-size"
+	hostTierUsage    = `host-memory KV tier per replica: GiB, as vLLM's flag (0: none), or "<N>x", N times each replica's GPU KV cache`
+)
+
+// hostTierSize is --kv-offloading-size: GiB per replica as vLLM takes it, or
+// "<N>x", a multiple of each replica's GPU KV cache, so that the tier keeps
+// its ratio to a cache that other flags or a shape change. Setting one
+// clears the other.
+type hostTierSize struct {
+	gib, times *float64
+}
+
+func (t hostTierSize) String() string {
+	if t.times != nil && *t.times > 0 {
+		return strconv.FormatFloat(*t.times, 'g', -1, 64) + "x"
+	}
+	if t.gib != nil {
+		return strconv.FormatFloat(*t.gib, 'g', -1, 64)
+	}
+	return "0"
+}
+
+func (t hostTierSize) Set(s string) error {
+	number, multiple := strings.CutSuffix(strings.TrimSpace(s), "x")
+	v, err := strconv.ParseFloat(number, 64)
+	switch {
+	case err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v):
+		return fmt.Errorf("%q is not a size in GiB (0: no tier) nor a multiple of the GPU KV cache such as 4x", s)
+	case multiple && v == 0:
+		return fmt.Errorf("%q: a tier of 0x the GPU KV cache is none; write 0", s)
+	case multiple:
+		*t.gib, *t.times = 0, v
+	default:
+		*t.gib, *t.times = v, 0
+	}
+	return nil
 }
 
 // registerExcept registers the common flags but the named ones, which a

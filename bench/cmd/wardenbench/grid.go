@@ -70,8 +70,8 @@ func runGrid(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if g.Stretch {
 		window = ", stretched with the sessions' length"
 	}
-	fmt.Fprintf(stdout, "grid: %s, %v warm-up then %v measured per run%s, seeds %v; %d runs in %.0fs\n",
-		base.Profile.Name, base.Warmup, base.Duration, window, g.Seeds, len(rows), elapsed.Seconds())
+	fmt.Fprintf(stdout, "grid: %s%s, %v warm-up then %v measured per run%s, seeds %v; %d runs in %.0fs\n",
+		base.Profile.Name, hostTierNote(base.EngineProfile()), base.Warmup, base.Duration, window, g.Seeds, len(rows), elapsed.Seconds())
 	isBase := func(c report.GridCell) bool { return c.Workload == lab.DefaultWorkload }
 	if grid := filterCells(cells, isBase); len(grid) > 0 {
 		fmt.Fprintf(stdout, "\nThe %s workload at every think time, level and replica count:\n\n", lab.DefaultWorkload)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/lab"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 )
 
 // runLab is `wardenbench lab`: every policy at every level in virtual time.
@@ -41,8 +42,8 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "lab: %d replicas of %s, %v warm-up then %v measured per level (conversations sent in it timed to their end, up to %v past it), seeds %v, %s fleet per run\n\n",
-		cfg.Replicas, cfg.Profile.Name, cfg.Warmup, cfg.Duration, cfg.ConversationTail, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
+	fmt.Fprintf(stdout, "lab: %d replicas of %s%s, %v warm-up then %v measured per level (conversations sent in it timed to their end, up to %v past it), seeds %v, %s fleet per run\n\n",
+		cfg.Replicas, cfg.Profile.Name, hostTierNote(cfg.EngineProfile()), cfg.Warmup, cfg.Duration, cfg.ConversationTail, plan.Seeds, map[bool]string{false: "fresh", true: "one warm"}[cfg.Warm])
 	if err := present(c, rows, stdout); err != nil {
 		return err
 	}
@@ -59,7 +60,16 @@ func (c *common) labConfig() (lab.Config, error) {
 	}
 	cfg := lab.DefaultConfig()
 	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
+	cfg.HostTierTimesGPU = c.hostTierTimes
 	cfg.HideCachedTokens = !c.cachedTokens
 	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warmup = c.metricsIv, c.spill, c.warmup
 	return cfg, nil
+}
+
+// hostTierNote describes the replicas' host tier for a run's heading, "" without one.
+func hostTierNote(p engine.Profile) string {
+	if !p.HostTier() {
+		return ""
+	}
+	return fmt.Sprintf(" with a host KV tier of %.4g GiB each (%.3gx the GPU KV cache)", p.KVOffloadingSize, p.KVOffloadingSize/p.KVCacheGiB())
 }

@@ -62,9 +62,18 @@ func (o runOptions) setups() []setup {
 
 // runEndToEnd is `wardenbench run`.
 func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c, err := newCommon(args)
+	opts, err := parseRunOptions(args, stderr)
 	if err != nil {
 		return err
+	}
+	return endToEndAndPresent(ctx, opts, stdout, stderr)
+}
+
+// parseRunOptions reads `wardenbench run`'s flags.
+func parseRunOptions(args []string, stderr io.Writer) (runOptions, error) {
+	c, err := newCommon(args)
+	if err != nil {
+		return runOptions{}, err
 	}
 	opts := runOptions{common: c}
 	fs := flag.NewFlagSet("wardenbench run", flag.ContinueOnError)
@@ -79,14 +88,14 @@ func runEndToEnd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&opts.CompactionInterval, "compaction-interval", 0, "warden's compaction_interval in simulated time (0: the product's default, 1m)")
 	fs.BoolVar(&opts.Compare, "compare", true, "with --instances > 1, measure one instance and (with a pin store) the instances without it first, and compare")
 	if err := parseAll(fs, args); err != nil {
-		return err
+		return runOptions{}, err
 	}
 	policiesSet := false
 	fs.Visit(func(f *flag.Flag) { policiesSet = policiesSet || f.Name == "policies" })
 	if !policiesSet {
 		c.policies = stringList(e2e.DefaultPolicies(opts.Topology))
 	}
-	return endToEndAndPresent(ctx, opts, stdout, stderr)
+	return opts, nil
 }
 
 // endToEndAndPresent runs the end-to-end benchmark for every seed with a
@@ -118,9 +127,22 @@ func endToEndAndPresent(ctx context.Context, opts runOptions, stdout, stderr io.
 
 // endToEnd is one seed's end-to-end run with one layout of the Caddy side.
 func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar *progressbar.ProgressBar) ([]report.Row, error) {
+	rows, err := e2e.Run(ctx, opts.e2eOptions(seed, setup, func(_ string, _ int, done bool) {
+		if done {
+			bar.Add(1)
+		}
+	}))
+	for i := range rows {
+		rows[i].HostTierGiB = opts.engineProfile().KVOffloadingSize
+	}
+	return rows, err
+}
+
+// e2eOptions lays out one seed's run with one layout of the Caddy side.
+func (opts runOptions) e2eOptions(seed int64, setup setup, progress func(policy string, sessions int, done bool)) e2e.Options {
 	workload := opts.workload
 	workload.Seed = seed
-	return e2e.Run(ctx, e2e.Options{
+	return e2e.Options{
 		Topology:   opts.Topology,
 		Replicas:   opts.replicas,
 		MaxNumSeqs: opts.profile.MaxNumSeqs,
@@ -135,14 +157,10 @@ func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar
 		Fresh:      opts.Fresh,
 		Instances:  setup.instances,
 		PinStore:   setup.pinStore,
-		SimArgs:    append(opts.profile.Args(), fmt.Sprintf("--enable-prompt-tokens-details=%t", opts.cachedTokens)),
+		SimArgs:    append(opts.engineProfile().Args(), fmt.Sprintf("--enable-prompt-tokens-details=%t", opts.cachedTokens)),
 
 		CompactionInterval: opts.CompactionInterval,
 		WorkDir:            opts.OutDir,
-		Progress: func(_ string, _ int, done bool) {
-			if done {
-				bar.Add(1)
-			}
-		},
-	})
+		Progress:           progress,
+	}
 }

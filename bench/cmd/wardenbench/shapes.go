@@ -40,6 +40,8 @@ func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
 	fs.IntVar(&base.SpillThreshold, "spill-threshold", 0, "warden spill threshold (0: auto)")
 	fs.DurationVar(&base.MetricsInterval, "metrics-interval", base.MetricsInterval, "how often warden polls the replicas' metrics")
+	tier := hostTierSize{&base.Profile.KVOffloadingSize, &base.HostTierTimesGPU}
+	fs.Var(tier, kvOffloadingSize, hostTierUsage)
 	details := fs.Bool("prompt-tokens-details", true, "the replicas report each prompt's cached part (vLLM's --enable-prompt-tokens-details)")
 	if err := parseAll(fs, args); err != nil {
 		return err
@@ -78,13 +80,18 @@ func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error
 	for _, s := range shapes {
 		byName[s.Name()] = s
 	}
-	fmt.Fprintf(stdout, "shapes: %d drawn with seed %d, each run with seeds %v; %d runs in %.0fs\n", len(shapes), *seed, []int64(seeds), runs, elapsed.Seconds())
+	tierNote, tierArg := "", ""
+	if base.EngineProfile().HostTier() {
+		tierArg = " --" + kvOffloadingSize + "=" + tier.String()
+		tierNote = ", replicas with a host KV tier (" + tierArg[1:] + ")"
+	}
+	fmt.Fprintf(stdout, "shapes: %d drawn with seed %d, each run with seeds %v%s; %d runs in %.0fs\n", len(shapes), *seed, []int64(seeds), tierNote, runs, elapsed.Seconds())
 	fmt.Fprintf(stdout, "A column is lost when worse than the best of %v by more than %.0f%% and the combined spread.\n\n",
 		[]string(baselines), 100*report.ShapeTolerance)
 	describe := func(name string) string {
 		s := byName[name]
-		return fmt.Sprintf("%s\n    wardenbench shapes --seed %d --only %d --seeds %s   (or: wardenbench lab %s --seeds %s)",
-			describeShape(s), *seed, s.Index, seeds.String(), strings.Join(s.LabArgs(), " "), seeds.String())
+		return fmt.Sprintf("%s\n    wardenbench shapes --seed %d --only %d --seeds %s%s   (or: wardenbench lab %s%s --seeds %s)",
+			describeShape(s), *seed, s.Index, seeds.String(), tierArg, strings.Join(s.LabArgs(), " "), tierArg, seeds.String())
 	}
 	if err := report.PrintShapeSummary(stdout, cells, describe); err != nil {
 		return err
