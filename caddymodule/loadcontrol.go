@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lmwarden/caddy-warden/promptprefix"
+	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -114,11 +115,24 @@ func requestBody(r *http.Request) selection.Body {
 	if r.ContentLength > 0 {
 		return selection.Body{Bytes: r.ContentLength}
 	}
-	if b, ok := r.Body.(replayedBody); ok {
-		return selection.Body{Bytes: int64(b.readAhead), Partial: !b.whole}
+	if n, whole, ok := readahead.Ahead(r); ok {
+		return selection.Body{Bytes: int64(n), Partial: !whole}
 	}
 	return selection.Body{}
 }
+
+// maxHeldBodies bounds the request bodies load control holds in memory at
+// once, in the whole process: bodies read for their prompt's prefix (and
+// their parse while it runs) and bodies of waiting turns. Without it,
+// max_queue turns of a few MiB each could hold gigabytes. Past it a body is
+// not read (or, of unannounced length, only as far as the budget allows):
+// the turn loses only what the read was for, a sample of the shared
+// prefix, or noticing over HTTP/1 that its client left before it is sent.
+const maxHeldBodies = 256 << 20
+
+// heldBodies is the process's budget: load control's bodies and the model
+// matcher's, across models and config reloads, share the same memory.
+var heldBodies = readahead.NewBudget(maxHeldBodies)
 
 // maxPrefixBody bounds the body read for its prefix parts: a larger one
 // (images, documents) is handed on unread, and teaches nothing.
@@ -132,15 +146,15 @@ const maxPrefixBody = 8 << 20
 // conversations share. A body of unannounced length read whole also gives
 // its exact size.
 func readPrefix(r *http.Request, body *selection.Body) {
-	if !jsonBody(r) {
+	if !readahead.MayBeJSON(r) {
 		return
 	}
-	data, whole := heldBodies.read(r, maxPrefixBody)
+	data, whole := heldBodies.Read(r, maxPrefixBody)
 	*body = requestBody(r)
 	if whole {
 		// A string value as long as the body (no agent sends one, a client
 		// may) grows the parser's buffer to about the body's size again.
-		heldBodies.during(int64(len(data)), func() { body.Prefix = promptprefix.Read(data) })
+		heldBodies.During(int64(len(data)), func() { body.Prefix = promptprefix.Read(data) })
 	}
 }
 
@@ -153,8 +167,8 @@ func readBody(r *http.Request) {
 	if r.ProtoMajor >= 2 || r.Body == nil || r.Body == http.NoBody {
 		return
 	}
-	if b, ok := r.Body.(replayedBody); ok && b.whole {
+	if _, whole, _ := readahead.Ahead(r); whole {
 		return // readPrefix read it
 	}
-	heldBodies.read(r, maxHeldBodies)
+	heldBodies.Read(r, maxHeldBodies)
 }

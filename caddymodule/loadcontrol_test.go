@@ -17,6 +17,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/promptprefix"
+	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -364,7 +365,7 @@ func TestReadBodyHandsItOnIntact(t *testing.T) {
 	body := strings.Repeat("0123456789", 1000)
 	r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/", strings.NewReader(body))
 	readBody(r)
-	if b, ok := r.Body.(replayedBody); !ok || b.readAhead != len(body) {
+	if n, _, ok := readahead.Ahead(r); !ok || n != len(body) {
 		t.Fatalf("body not read ahead: %T", r.Body)
 	}
 	got, err := io.ReadAll(r.Body)

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
@@ -126,8 +127,8 @@ func requestModel(r *http.Request) string {
 		return model
 	}
 	var model []byte
-	if jsonBody(r) {
-		heldBodies.readUntil(r, firstModelRead, maxModelScan, func(read []byte) bool {
+	if readahead.MayBeJSON(r) {
+		heldBodies.ReadUntil(r, firstModelRead, maxModelScan, func(read []byte) bool {
 			var more bool
 			model, more = sessionkey.Model(read)
 			return !more

@@ -150,52 +150,6 @@ func TestMatchModelBounds(t *testing.T) {
 	}
 }
 
-// readUntil reads in growing steps, stops when enough says so, reads no
-// more than the budget has free, and gives the bytes back when the request
-// ends.
-func TestReadUntil(t *testing.T) {
-	b := &bodyBudget{limit: 10_000}
-	body := []byte(strings.Repeat("a", 5000))
-	ctx, end := context.WithCancel(context.Background())
-	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/", bytes.NewReader(body))
-	r.ContentLength = -1
-	var steps []int
-	b.readUntil(r, 100, 100_000, func(read []byte) bool {
-		steps = append(steps, len(read))
-		return len(read) >= 1000
-	})
-	if want := []int{100, 200, 400, 800, 1600}; fmt.Sprint(steps) != fmt.Sprint(want) { // unannounced: doubling
-		t.Errorf("steps %v, want %v", steps, want)
-	}
-	if got := b.used.Load(); got != 1600 {
-		t.Errorf("the budget holds %d, want the 1600 bytes read", got)
-	}
-	handedOn(t, "stopped early", r, body)
-
-	r2 := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
-	steps = nil
-	b.readUntil(r2, 100, 100_000, func(read []byte) bool { steps = append(steps, len(read)); return false })
-	if got := b.used.Load(); fmt.Sprint(steps) != "[100 5000]" || got != 1600+int64(len(body)) {
-		t.Errorf("announced: read in steps %v, want 100 then the rest; the budget holds %d", steps, got)
-	}
-	if rb, ok := r2.Body.(replayedBody); !ok || !rb.whole {
-		t.Error("a body read to its end is not marked whole")
-	}
-	handedOn(t, "read whole", r2, body)
-
-	r3 := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
-	r3.ContentLength = -1
-	steps = nil
-	b.readUntil(r3, 100, 100_000, func(read []byte) bool { steps = append(steps, len(read)); return false })
-	if last := steps[len(steps)-1]; last != 10_000-1600-len(body) {
-		t.Errorf("with %d free, read up to %d", 10_000-1600-len(body), last)
-	}
-	handedOn(t, "the budget spent", r3, body)
-
-	end()
-	waitFor(t, "the first request's bytes given back", func() bool { return b.used.Load() == 10_000-1600 })
-}
-
 func TestMatchModelCaddyfile(t *testing.T) {
 	var m MatchModel
 	d := caddyfile.NewTestDispenser("warden_model claude-haiku-* qwen3-4b\nwarden_model Qwen/*")

@@ -1,11 +1,9 @@
 package caddymodule
 
 import (
-	"bytes"
-	"io"
 	"net/http"
-	"strings"
 
+	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -20,28 +18,10 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 		return id
 	}
 	ids, fingerprint := cfg.sessionFromBody(), cfg.fingerprint()
-	if !ids && !fingerprint || !jsonBody(r) {
+	if !ids && !fingerprint || !readahead.MayBeJSON(r) {
 		return sessionkey.Identity{}
 	}
-	size := cfg.bodyScanBytes()
-	if r.ContentLength > 0 && r.ContentLength < int64(size) {
-		size = int(r.ContentLength) + 1 // +1: a body longer than announced is still read whole
-	}
-	prefix := make([]byte, size)
-	n, err := io.ReadFull(r.Body, prefix)
-	prefix = prefix[:n]
-	replay(r, prefix, err, err == io.EOF || err == io.ErrUnexpectedEOF)
-	return sessionkey.ReadBody(prefix, ids, fingerprint)
-}
-
-// jsonBody reports whether r has a body that may be a chat request: not an
-// upload or a form.
-func jsonBody(r *http.Request) bool {
-	if r.Body == nil || r.Body == http.NoBody {
-		return false
-	}
-	ct := r.Header.Get("Content-Type")
-	return ct == "" || strings.Contains(strings.ToLower(ct), "json")
+	return sessionkey.ReadBody(readahead.Head(r, cfg.bodyScanBytes()), ids, fingerprint)
 }
 
 // routeRequest is what selection needs from a request's identity.
@@ -54,40 +34,4 @@ func routeRequest(id sessionkey.Identity) selection.Request {
 		req.Compaction = selection.CompactedPrefix
 	}
 	return req
-}
-
-// replay hands on the body of r whole although its first bytes, read,
-// were read ahead, then err (a read error met), then the rest; whole says
-// that the bytes read are the whole body, which is then not read again: a
-// failed dial closes it, and a read after that would fail Caddy's retry.
-func replay(r *http.Request, read []byte, err error, whole bool) {
-	parts := []io.Reader{bytes.NewReader(read), errorReader{err}}
-	if !whole {
-		parts = append(parts, r.Body)
-	}
-	r.Body = replayedBody{
-		Reader:    io.MultiReader(parts...),
-		Closer:    r.Body,
-		readAhead: len(read),
-		whole:     whole,
-	}
-}
-
-// replayedBody serves the bytes read ahead again, then the rest of the body.
-type replayedBody struct {
-	io.Reader
-	io.Closer
-	readAhead int
-	whole     bool
-}
-
-// errorReader passes on a read error met while scanning (EOF ends the body
-// as it would have).
-type errorReader struct{ err error }
-
-func (e errorReader) Read([]byte) (int, error) {
-	if e.err == nil || e.err == io.ErrUnexpectedEOF {
-		return 0, io.EOF
-	}
-	return 0, e.err
 }

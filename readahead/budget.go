@@ -1,4 +1,4 @@
-package caddymodule
+package readahead
 
 import (
 	"context"
@@ -7,29 +7,19 @@ import (
 	"sync/atomic"
 )
 
-// maxHeldBodies bounds the request bodies load control holds in memory at
-// once, in the whole process: bodies read for their prompt's prefix (and
-// their parse while it runs) and bodies of waiting turns. Without it,
-// max_queue turns of a few MiB each could hold gigabytes. Past it a body is
-// not read (or, of unannounced length, only as far as the budget allows):
-// the turn loses only what the read was for, a sample of the shared
-// prefix, or noticing over HTTP/1 that its client left before it is sent.
-const maxHeldBodies = 256 << 20
+// NewBudget is a budget of limit bytes.
+func NewBudget(limit int64) *Budget { return &Budget{limit: limit} }
 
-// heldBodies is the process's budget: load control's bodies across models
-// and config reloads share the same memory.
-var heldBodies = &bodyBudget{limit: maxHeldBodies}
-
-// bodyBudget counts the bytes of request bodies held in memory against a
+// Budget counts the bytes of request bodies held in memory against a
 // limit.
-type bodyBudget struct {
+type Budget struct {
 	limit int64
 	used  atomic.Int64
 }
 
 // reserve takes up to want bytes of the budget, at least least of them,
 // and returns how many it took: 0 when fewer than least are free.
-func (b *bodyBudget) reserve(least, want int64) int64 {
+func (b *Budget) reserve(least, want int64) int64 {
 	for {
 		used := b.used.Load()
 		grant := min(want, b.limit-used)
@@ -42,13 +32,13 @@ func (b *bodyBudget) reserve(least, want int64) int64 {
 	}
 }
 
-// read reads r's body into memory, at most limit bytes and only as much
+// Read reads r's body into memory, at most limit bytes and only as much
 // as the budget has free, and hands it on intact, the bytes read first. It
 // returns the bytes read and whether they are the whole body; a read error
 // is handed on after them. A body announced longer than limit, or than the
 // budget has free, is not read. The bytes count against the budget until
 // the request ends.
-func (b *bodyBudget) read(r *http.Request, limit int64) (data []byte, whole bool) {
+func (b *Budget) Read(r *http.Request, limit int64) (data []byte, whole bool) {
 	if r.ContentLength > limit {
 		return nil, false
 	}
@@ -72,15 +62,15 @@ func (b *bodyBudget) read(r *http.Request, limit int64) (data []byte, whole bool
 	return data, whole
 }
 
-// readUntil reads r's body into memory in steps, until enough says that
+// ReadUntil reads r's body into memory in steps, until enough says that
 // the bytes read suffice, the body ends, limit bytes are read or the budget
 // has no more free, and hands it on intact, the bytes read first. The first
 // step reads first bytes; the next reads the rest of a body of announced
 // length, else as much again as read so far. enough sees the bytes read
-// after each step. Unlike read, it reads the start of a body announced
+// after each step. Unlike Read, it reads the start of a body announced
 // longer than limit. The bytes count against the budget until the request
 // ends.
-func (b *bodyBudget) readUntil(r *http.Request, first, limit int, enough func(read []byte) bool) {
+func (b *Budget) ReadUntil(r *http.Request, first, limit int, enough func(read []byte) bool) {
 	var data []byte
 	var err error
 	for want := first; ; want = len(data) {
@@ -120,9 +110,9 @@ func (b *bodyBudget) readUntil(r *http.Request, first, limit int, enough func(re
 	replay(r, data, err, err == io.EOF || err == io.ErrUnexpectedEOF)
 }
 
-// during runs fn with n more bytes of the budget taken, if it has them
+// During runs fn with n more bytes of the budget taken, if it has them
 // free, and reports whether it ran fn.
-func (b *bodyBudget) during(n int64, fn func()) bool {
+func (b *Budget) During(n int64, fn func()) bool {
 	if n <= 0 || b.reserve(n, n) == 0 {
 		return false
 	}
