@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lmwarden/caddy-warden/livemodel"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 func init() {
@@ -53,9 +56,9 @@ func (Admin) Routes() []caddy.AdminRoute {
 
 func listModels(w http.ResponseWriter, _ *http.Request) error {
 	now := time.Now()
-	out := []ModelStatus{}
+	out := []panel.ModelStatus{}
 	for _, l := range appliedModels() {
-		out = append(out, l.status(now))
+		out = append(out, panel.Status(l, now))
 	}
 	return writeJSON(w, out)
 }
@@ -65,7 +68,7 @@ func getModel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, l.status(time.Now()))
+	return writeJSON(w, panel.Status(l, time.Now()))
 }
 
 func setAffinity(w http.ResponseWriter, r *http.Request) error {
@@ -82,7 +85,7 @@ func setAffinity(w http.ResponseWriter, r *http.Request) error {
 	if body.Enabled == nil {
 		return badRequest(errors.New(`expected {"enabled": true|false}`))
 	}
-	return setModelOption(w, r, l.model.name, "affinity", *body.Enabled)
+	return setModelOption(w, r, l.Model().Name(), "affinity", *body.Enabled)
 }
 
 func setSpillThreshold(w http.ResponseWriter, r *http.Request) error {
@@ -99,9 +102,9 @@ func setSpillThreshold(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case body.Auto && body.Value == nil:
-		return setModelOption(w, r, l.model.name, "spill_threshold", 0)
+		return setModelOption(w, r, l.Model().Name(), "spill_threshold", 0)
 	case !body.Auto && body.Value != nil && *body.Value >= 1:
-		return setModelOption(w, r, l.model.name, "spill_threshold", *body.Value)
+		return setModelOption(w, r, l.Model().Name(), "spill_threshold", *body.Value)
 	}
 	return badRequest(errors.New(`expected {"value": n} with n >= 1, or {"auto": true}`))
 }
@@ -117,7 +120,7 @@ func setModelOption(w http.ResponseWriter, r *http.Request, model, option string
 	if !ok {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("model %q left the config", model)}
 	}
-	return writeJSON(w, l.status(time.Now()))
+	return writeJSON(w, panel.Status(l, time.Now()))
 }
 
 // changeModelOption sets one option of a model in the config. A config
@@ -223,7 +226,7 @@ func configRequest(r *http.Request, method, path string, value any, ifMatch stri
 // object of a config, or an error.
 const maxConfigReply = 4 << 20
 
-func modelOf(r *http.Request) (*modelLoad, error) {
+func modelOf(r *http.Request) (*livemodel.Load, error) {
 	name := r.PathValue("model")
 	l, ok := appliedModel(name)
 	if !ok {

@@ -7,9 +7,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // adminMux mounts the warden admin routes as Caddy's admin server does and
@@ -42,13 +45,13 @@ func liveModel(t *testing.T, name string) {
 // liveLoad is liveModel with the model's configuration, whose load it returns.
 func liveLoad(t *testing.T, name string, cfg *ModelConfig) *modelLoad {
 	t.Helper()
-	l, err := loadModel(name, cfg, nil, nil, zap.NewNop())
+	l, err := loadModel(name, cfg, nil, nil, nil, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = models.Delete(name) })
-	l.model.activate(l)
-	t.Cleanup(func() { l.model.deactivate(l) })
+	l.activate()
+	t.Cleanup(func() { l.live.Model().Deactivate(l.live, time.Now()) })
 	return l
 }
 
@@ -121,7 +124,7 @@ func TestAdminKnownModelInProcess(t *testing.T) {
 
 	w := httptest.NewRecorder()
 	mux.ServeHTTP(w, httptest.NewRequest("GET", "/warden/models/admin-unit-get", nil))
-	var st ModelStatus
+	var st panel.ModelStatus
 	if w.Code != 200 || *last != nil {
 		t.Fatalf("GET: %d, %v", w.Code, *last)
 	}
@@ -131,7 +134,7 @@ func TestAdminKnownModelInProcess(t *testing.T) {
 
 	w = httptest.NewRecorder()
 	mux.ServeHTTP(w, httptest.NewRequest("GET", "/warden/models", nil))
-	var list []ModelStatus
+	var list []panel.ModelStatus
 	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
 		t.Fatalf("GET /warden/models: %v", err)
 	}
@@ -152,7 +155,7 @@ func TestAdminKnownModelInProcess(t *testing.T) {
 			t.Errorf("POST %s without an admin listener: %v, want a 501 APIError", path, *last)
 		}
 	}
-	if l, _ := appliedModel("admin-unit-get"); l.plan.View().Affinity() != true {
+	if l, _ := appliedModel("admin-unit-get"); l.Plan().View().Affinity() != true {
 		t.Error("a refused POST changed the setting")
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/lmwarden/caddy-warden/metrics"
 )
 
 func init() {
@@ -46,7 +48,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // prepares this config's version of it.
 func (a *App) Provision(ctx caddy.Context) error {
 	logger := ctx.Logger()
-	registerMetrics(ctx.GetMetricsRegistry(), logger)
+	metrics.Register(ctx.GetMetricsRegistry(), appliedModels, logger)
 	names := make([]string, 0, len(a.Models))
 	for name := range a.Models {
 		names = append(names, name)
@@ -72,15 +74,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
-		l, err := loadModel(name, cfg, store, ctx.Storage(), logger)
+		procs, err := loadProcesses(name, cfg)
 		if err != nil {
 			closePinStore(store)
 			return err
 		}
-		a.loads = append(a.loads, l) // referenced: Cleanup releases it
-		if l.procs, err = loadProcesses(name, cfg); err != nil {
+		l, err := loadModel(name, cfg, store, procs, ctx.Storage(), logger)
+		if err != nil {
+			releaseProcesses(procs)
+			closePinStore(store)
 			return err
 		}
+		a.loads = append(a.loads, l) // referenced: Cleanup releases it
 	}
 	return nil
 }
@@ -88,7 +93,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 // load is this config's version of the named model.
 func (a *App) load(name string) (*modelLoad, bool) {
 	for _, l := range a.loads {
-		if l.model.name == name {
+		if l.name() == name {
 			return l, true
 		}
 	}
@@ -99,9 +104,9 @@ func (a *App) load(name string) (*modelLoad, bool) {
 // running yet and starts polling.
 func (a *App) Start() error {
 	for _, l := range a.loads {
-		l.model.activate(l)
+		l.activate()
 		startProcesses(l.procs)
-		l.model.start()
+		l.live.Model().Run()
 	}
 	return nil
 }
@@ -113,9 +118,7 @@ func (a *App) Start() error {
 // config's storage is still open (Cleanup may close it).
 func (a *App) Stop() error {
 	for _, l := range a.loads {
-		if l.model.deactivate(l) {
-			l.model.writePins(l, time.Now())
-		}
+		l.live.Model().Deactivate(l.live, time.Now())
 	}
 	return nil
 }
@@ -125,8 +128,8 @@ func (a *App) Cleanup() error {
 	var errs []error
 	for _, l := range a.loads {
 		releaseProcesses(l.procs)
-		closePinStore(l.store)
-		if _, err := models.Delete(l.model.name); err != nil {
+		closePinStore(l.live.Spec().Store)
+		if _, err := models.Delete(l.name()); err != nil {
 			errs = append(errs, err)
 		}
 	}

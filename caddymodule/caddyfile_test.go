@@ -3,16 +3,17 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/caddyserver/caddy/v2"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
+	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -220,7 +221,7 @@ func TestParseModelValues(t *testing.T) {
 	// KV cache events: a replica's alone, with or without a process; a
 	// server's ranks on consecutive ports.
 	m = parse(t, "replica 127.0.0.1:7001 {\n\t\t\tkv_events tcp://127.0.0.1:5557 kv-events\n\t\t}\n\t\treplica 127.0.0.1:7002")
-	if ev := m.kvEvents(); len(ev) != 1 || ev["127.0.0.1:7001"] != (KVEventsConfig{Endpoint: "tcp://127.0.0.1:5557", Topic: "kv-events"}) || m.Replicas[0].Process != nil {
+	if ev := m.kvEvents(); len(ev) != 1 || ev["127.0.0.1:7001"] != (kvevents.Options{Endpoint: "tcp://127.0.0.1:5557", Topic: "kv-events"}) || m.Replicas[0].Process != nil {
 		t.Errorf("a replica's kv_events: %+v, process %+v", ev, m.Replicas[0].Process)
 	}
 	m = parse(t, "server 127.0.0.1:7000 ranks 2 {\n\t\t\tkv_events tcp://127.0.0.1:5557\n\t\t}")

@@ -276,18 +276,17 @@ func (c *ModelConfig) replicas() []selection.Replica {
 // kvEvents is where each replica that publishes its KV cache events does,
 // by replica ID: a server's rank r on the endpoint's port + r, as vLLM's
 // data-parallel ranks publish.
-func (c *ModelConfig) kvEvents() map[string]KVEventsConfig {
-	out := map[string]KVEventsConfig{}
+func (c *ModelConfig) kvEvents() map[string]kvevents.Options {
+	out := map[string]kvevents.Options{}
 	if c.Server != nil && c.Server.KVEvents != nil {
 		for _, rep := range c.replicas() {
-			ev := *c.Server.KVEvents
-			ev.Endpoint = offsetPort(ev.Endpoint, rep.Rank)
-			out[rep.ID] = ev
+			ev := c.Server.KVEvents
+			out[rep.ID] = kvevents.Options{Endpoint: offsetPort(ev.Endpoint, rep.Rank), Topic: ev.Topic}
 		}
 	}
 	for _, r := range c.Replicas {
 		if r.KVEvents != nil {
-			out[r.Address] = *r.KVEvents
+			out[r.Address] = kvevents.Options{Endpoint: r.KVEvents.Endpoint, Topic: r.KVEvents.Topic}
 		}
 	}
 	return out

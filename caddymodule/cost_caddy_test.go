@@ -9,6 +9,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // bigBody is a 50,000-byte request: 12,500 tokens as warden estimates it
@@ -17,9 +18,9 @@ var bigBody = []byte(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"ro
 
 // learnt waits until the model's admin JSON shows the prefill rate the
 // replicas' counters tell (the fake's 200,000 tokens a second).
-func learnt(t *testing.T, f *fleet) caddymodule.ModelStatus {
+func learnt(t *testing.T, f *fleet) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	testrun.Eventually(t, 5*time.Second, "the prefill rate learnt", func() bool {
 		st = f.status(t)
 		return st.PrefillTokensPerSecond != nil && st.TurnSeconds != nil

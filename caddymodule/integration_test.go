@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // caddyBin is Caddy built from cmd/caddy once for all tests of the package.
@@ -168,9 +168,9 @@ func pinAll(t *testing.T, f *fleet, convs []string) map[string]string {
 	return home
 }
 
-func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
+func (f *fleet) status(t *testing.T) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	if err := f.caddy.Do(http.MethodGet, "/warden/models/m", nil, &st); err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestReplicasMode(t *testing.T) {
 		if again := f.turn(t, "spill"); again != after {
 			t.Errorf("after the burst served by %s, then %s (first pinned to %s)", after, again, pin)
 		}
-		var st caddymodule.ModelStatus
+		var st panel.ModelStatus
 		if err := f.caddy.Do(http.MethodPost, "/warden/models/m/spill_threshold", map[string]bool{"auto": true}, &st); err != nil {
 			t.Fatal(err)
 		}
@@ -359,7 +359,7 @@ func TestReplicasMode(t *testing.T) {
 	})
 }
 
-func spilled(st caddymodule.ModelStatus) (n uint64) {
+func spilled(st panel.ModelStatus) (n uint64) {
 	for _, r := range st.Replicas {
 		n += r.SpilledIn
 	}

@@ -12,9 +12,9 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // kvPublisher is a vLLM KV cache events publisher on loopback.
@@ -50,7 +50,7 @@ func (p *kvPublisher) publish(t *testing.T, block uint64) {
 }
 
 // kvEventsOf is replica addr's kv_events in the admin JSON.
-func kvEventsOf(t *testing.T, f *fleet, addr string) *caddymodule.KVEventsStatus {
+func kvEventsOf(t *testing.T, f *fleet, addr string) *panel.KVEventsStatus {
 	t.Helper()
 	for _, r := range f.status(t).Replicas {
 		if r.Address == addr {

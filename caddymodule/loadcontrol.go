@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/lmwarden/caddy-warden/metrics"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
@@ -63,7 +64,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 		sent := p.wait(r, t, ready)
 		waited := time.Since(start).Seconds()
 		caddyhttp.SetVar(ctx, varQueued, waited)
-		loadControlWaitSeconds.WithLabelValues(p.Model).Observe(waited)
+		metrics.ObserveWait(p.Model, waited)
 		return sent
 	}
 	caddyhttp.SetVar(ctx, varQueued, 0.0)

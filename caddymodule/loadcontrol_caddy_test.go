@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // Load control through a real Caddy in front of one fake vLLM whose cache
@@ -96,9 +96,9 @@ func sendTurnAsync(ctx context.Context, f *fleet, conv string) <-chan answer {
 }
 
 // waitingIs waits until the admin JSON shows n turns waiting.
-func waitingIs(t *testing.T, f *fleet, n int) caddymodule.ModelStatus {
+func waitingIs(t *testing.T, f *fleet, n int) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	testrun.Eventually(t, 10*time.Second, fmt.Sprintf("load_control.waiting %d", n), func() bool {
 		st = f.status(t)
 		return st.LoadControl.Waiting == n

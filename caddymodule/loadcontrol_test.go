@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/panel"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
@@ -27,40 +28,40 @@ func TestLoadControlStatus(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		lc         *LoadControlConfig
-		want       LoadControlStatus
+		want       panel.LoadControlStatus
 		capacity   int
 		noMetrics  bool
 		noCapacity bool
 	}{
-		{name: "lc-off", want: LoadControlStatus{
+		{name: "lc-off", want: panel.LoadControlStatus{
 			Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
 			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
-			SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
+			SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}, capacity: 40000},
 		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
 			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
 			FillMin: 0.7, FillMax: 0.9, Touch: true},
-			want: LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
+			want: panel.LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
 				FillMin: 0.7, FillMax: 0.9, Touch: true,
-				SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
+				SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
-		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: LoadControlStatus{
+		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: panel.LoadControlStatus{
 			Enabled: true, Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
 			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
 			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
-			SharedPrefixSource: "unknown", Replies: ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
+			SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := liveLoad(t, c.name, &ModelConfig{Replicas: []ReplicaConfig{{Address: addrA}}, LoadControl: c.lc})
 			if !c.noMetrics {
-				l.model.fleet.ObserveScrape(addrA, time.Now(), metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
+				l.live.Model().Fleet().ObserveScrape(addrA, time.Now(), metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
 					BlockSize: 16, NumGPUBlocks: 2500,
 					Present: metricsfeed.LoadFields | metricsfeed.FieldBlockSize | metricsfeed.FieldNumGPUBlocks,
 				}}}, nil)
 			}
-			st := l.status(time.Now())
+			st := panel.Status(l.live, time.Now())
 			if st.LoadControl != c.want {
 				t.Errorf("load_control %+v, want %+v", st.LoadControl, c.want)
 			}

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // Two models behind one address: warden_model sends each request to its
@@ -75,7 +75,7 @@ http://%s {
 	})
 	testrun.Eventually(t, 10*time.Second, "every replica healthy", func() bool {
 		for _, m := range []string{"qwen3-coder", "qwen3-4b"} {
-			var st caddymodule.ModelStatus
+			var st panel.ModelStatus
 			if err := p.Do(http.MethodGet, "/warden/models/"+m, nil, &st); err != nil {
 				t.Fatal(err)
 			}

@@ -1,12 +1,7 @@
 package caddymodule
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"embed"
-	"encoding/base64"
 	"encoding/json"
-	"html/template"
 	"net/http"
 	"time"
 
@@ -14,7 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/munnerz/goautoneg"
+
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 func init() {
@@ -33,7 +29,7 @@ func init() {
 //		warden_panel
 //	}
 //
-// It serves the HTML page by default and its JSON twin (PanelData) for
+// It serves the HTML page by default and its JSON twin (panel.Data) for
 // `Accept: application/json` or `?format=json`. The page is self-contained
 // (no request leaves the site) and refreshes itself from the JSON. It shows
 // no session IDs, and it can sit behind basic_auth like any handler.
@@ -78,73 +74,16 @@ func (Panel) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handl
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	if wantsJSON(r) {
+	if panel.WantsJSON(r) {
 		h.Set("Content-Type", "application/json")
-		return json.NewEncoder(w).Encode(panelData(time.Now()))
+		return json.NewEncoder(w).Encode(panel.NewData(time.Now(), appliedModels()))
 	}
+	html, policy := panel.Page()
 	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", panelPage.policy)
+	h.Set("Content-Security-Policy", policy)
 	h.Set("Referrer-Policy", "no-referrer")
-	_, err := w.Write(panelPage.html)
+	_, err := w.Write(html)
 	return err
-}
-
-// wantsJSON reports whether the request asks for the JSON twin: with
-// ?format=json, or an Accept header that prefers JSON to HTML. Browsers
-// navigating and clients without an Accept header get the page.
-func wantsJSON(r *http.Request) bool {
-	switch r.URL.Query().Get("format") {
-	case "json":
-		return true
-	case "html":
-		return false
-	}
-	return goautoneg.Negotiate(r.Header.Get("Accept"), []string{"text/html", "application/json"}) == "application/json"
-}
-
-//go:embed panelassets
-var panelAssets embed.FS
-
-// page is the panel's HTML with its style and script inline, and the
-// Content-Security-Policy that allows exactly those and requests to its own
-// origin.
-type page struct {
-	html   []byte
-	policy string
-}
-
-var panelPage = buildPanelPage()
-
-func buildPanelPage() page {
-	read := func(name string) string {
-		b, err := panelAssets.ReadFile("panelassets/" + name)
-		if err != nil {
-			panic(err) // embedded at build time: cannot fail
-		}
-		return string(b)
-	}
-	style, script := read("panel.css"), read("panel.js")
-	tmpl := template.Must(template.New("panel").Parse(read("panel.html")))
-	var html bytes.Buffer
-	err := tmpl.Execute(&html, struct {
-		Style  template.CSS
-		Script template.JS
-	}{template.CSS(style), template.JS(script)})
-	if err != nil {
-		panic(err)
-	}
-	return page{
-		html: html.Bytes(),
-		policy: "default-src 'none'; connect-src 'self'; img-src 'self' data:; " +
-			"style-src " + sourceHash(style) + "; script-src " + sourceHash(script) +
-			"; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-	}
-}
-
-// sourceHash is the CSP source expression that allows one inline element.
-func sourceHash(content string) string {
-	sum := sha256.Sum256([]byte(content))
-	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
 }
 
 var (

@@ -88,7 +88,7 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := checkRepliesRead(ctx, p.Model, l.cfg); err != nil {
 		return err
 	}
-	p.cfg, p.view = l.cfg, l.plan.View()
+	p.cfg, p.view = l.cfg, l.live.Plan().View()
 	return nil
 }
 

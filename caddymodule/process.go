@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/supervise"
 )
@@ -141,20 +140,6 @@ func loadProcesses(model string, cfg *ModelConfig) ([]process, error) {
 		out = append(out, process{key: key, addr: addr, sup: v.(*supervise.Supervisor)})
 	}
 	return out, nil
-}
-
-// logTo routes the process's output and state changes to logger's
-// "process" child: output at debug with a constant message, as vLLM writes
-// a line per request; state changes at info.
-func (p process) logTo(logger *zap.Logger, model string) {
-	log := logger.Named("process").With(zap.String("model", model), zap.String("server", p.addr))
-	p.sup.SetCallbacks(
-		func(stream supervise.Stream, line string) {
-			log.Debug("output", zap.String("stream", string(stream)), zap.String("line", line))
-		},
-		func(st supervise.State) {
-			log.Info("state", zap.String("state", string(st.State)), zap.Int("pid", st.PID), zap.Int("restarts", st.Restarts), zap.String("error", st.Error))
-		})
 }
 
 // releaseProcesses drops the references, in parallel: a process whose last

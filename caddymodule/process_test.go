@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 var (
@@ -98,9 +98,9 @@ func startSupervised(t *testing.T) *supervisedFleet {
 }
 
 // waitReady waits until n processes are ready and their replicas healthy.
-func (f *supervisedFleet) waitReady(t *testing.T, n int) caddymodule.ModelStatus {
+func (f *supervisedFleet) waitReady(t *testing.T, n int) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	testrun.Eventually(t, 30*time.Second, fmt.Sprintf("%d processes ready", n), func() bool {
 		st = f.status(t)
 		ready := 0
@@ -114,7 +114,7 @@ func (f *supervisedFleet) waitReady(t *testing.T, n int) caddymodule.ModelStatus
 	return st
 }
 
-func pids(st caddymodule.ModelStatus) map[string]int {
+func pids(st panel.ModelStatus) map[string]int {
 	out := map[string]int{}
 	for _, r := range st.Replicas {
 		if r.Process != nil {

@@ -8,8 +8,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/livemodel"
+	"github.com/lmwarden/caddy-warden/metrics"
 )
 
 // A JSON config (no Caddyfile parsing checked it) is refused before its
@@ -35,13 +38,16 @@ func TestWaitHistogramFollowsTheRunningModels(t *testing.T) {
 	testrun.CaddyHome(t)
 	series := func() []string {
 		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(loadControlWaitSeconds)
+		metrics.Register(reg, func() []*livemodel.Load { return nil }, zap.NewNop())
 		families, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
 		var models []string
 		for _, f := range families {
+			if f.GetName() != "caddy_warden_load_control_wait_seconds" {
+				continue
+			}
 			for _, m := range f.GetMetric() {
 				for _, l := range m.GetLabel() {
 					models = append(models, l.GetValue())

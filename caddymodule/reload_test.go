@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // A config load is a transaction: one that Caddy rejects, wherever it
@@ -143,7 +143,7 @@ func TestRejectedReloadChangesNothing(t *testing.T) {
 func TestRuntimeTogglesAreConfig(t *testing.T) {
 	f := startFleet(t, "replicas {replicas}", startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1))
 	home := f.turn(t, "toggle")
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	if err := f.caddy.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": false}, &st); err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ http://%s {
 	if err := p.Do(http.MethodGet, "/config/apps/warden/models", nil, &before); err != nil {
 		t.Fatal(err)
 	}
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	if err := p.Do(http.MethodPost, "/warden/models/Qwen%2FQwen3-4B/affinity", map[string]bool{"enabled": false}, &st); err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
@@ -243,14 +243,14 @@ http://%s {
 	}
 }
 
-func sticky(st caddymodule.ModelStatus) (n uint64) {
+func sticky(st panel.ModelStatus) (n uint64) {
 	for _, r := range st.Replicas {
 		n += r.Sticky
 	}
 	return n
 }
 
-func unpinned(st caddymodule.ModelStatus) (n uint64) {
+func unpinned(st panel.ModelStatus) (n uint64) {
 	for _, r := range st.Replicas {
 		n += r.Unpinned
 	}

@@ -5,13 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
+	"github.com/lmwarden/caddy-warden/pinsnapshot"
 )
 
 const restartBlock = "replicas {replicas}\n\t\t\tmax_num_seqs 128"
 
-func placed(st caddymodule.ModelStatus) (n uint64) {
+func placed(st panel.ModelStatus) (n uint64) {
 	for _, r := range st.Replicas {
 		n += r.Placed
 	}
@@ -19,7 +20,7 @@ func placed(st caddymodule.ModelStatus) (n uint64) {
 }
 
 // pinSnapshot is the model's snapshot state; the test fails without one.
-func pinSnapshot(t *testing.T, f *fleet) caddymodule.PinSnapshotStatus {
+func pinSnapshot(t *testing.T, f *fleet) pinsnapshot.Status {
 	t.Helper()
 	st := f.status(t).PinSnapshot
 	if st == nil {

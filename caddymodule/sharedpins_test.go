@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // sharedBlock is model m with its pins in the Redis at addr.
@@ -174,6 +174,6 @@ func TestSharedPinsSurviveARedisOutage(t *testing.T) {
 			t.Errorf("after the outage %s served on %s, pinned to %s", c, served, home[c])
 		}
 	}
-	var st caddymodule.ModelStatus = f.status(t)
+	var st panel.ModelStatus = f.status(t)
 	t.Logf("pin store after the outage: %+v", *st.PinStore)
 }

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // Conversations that start with one system prompt share it in the
@@ -107,9 +107,9 @@ func TestSharedPrefixReadFromRequestsThroughCaddy(t *testing.T) {
 // repliesRead waits until warden_stop_reason has read n replies and returns
 // the status then: a reply's end reaches load control after its client read
 // it, when Caddy's handler returns.
-func repliesRead(t *testing.T, f *fleet, n uint64) caddymodule.ModelStatus {
+func repliesRead(t *testing.T, f *fleet, n uint64) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d replies read", n), func() bool {
 		st = f.status(t)
 		return st.LoadControl.Replies.Read >= n

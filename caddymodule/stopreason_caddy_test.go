@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // startSim runs the vLLM simulator on a free loopback port until the test
@@ -162,7 +162,7 @@ func TestRepliesUsageThroughCaddy(t *testing.T) {
 			reply(t, f, turn.path, turn.conv, turn.body)
 		}
 	}
-	var got caddymodule.ReplyUsageStatus
+	var got panel.ReplyUsageStatus
 	testrun.Eventually(t, 2*time.Second, "6 replies read, at least the 3 second turns' with a cached part", func() bool {
 		got = f.status(t).LoadControl.Replies
 		return got.Read == 6 && got.CacheReported >= 3

@@ -14,8 +14,8 @@ import (
 	"testing"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // modelsGuide is what docs/models.md has a user run: its `vllm serve` lines, its Caddyfile,
@@ -96,9 +96,9 @@ func replicaOf(engine string) string {
 }
 
 // modelStatus is warden's admin JSON for a model.
-func (f *fleet) modelStatus(t *testing.T, model string) caddymodule.ModelStatus {
+func (f *fleet) modelStatus(t *testing.T, model string) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	if err := getJSON("http://"+f.admin+"/warden/models/"+model, &st); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
 	"github.com/lmwarden/caddy-warden/bench/lab"
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
+	"github.com/lmwarden/caddy-warden/panel"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -63,12 +63,12 @@ func TestShortRun(t *testing.T) {
 	if rows[1].StayedPercent != 100 {
 		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
 	}
-	admin := func(policy string) caddymodule.ModelStatus {
+	admin := func(policy string) panel.ModelStatus {
 		raw, err := os.ReadFile(filepath.Join(dir, "admin-"+policy+"-2.json"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var status caddymodule.ModelStatus
+		var status panel.ModelStatus
 		if err := json.Unmarshal(raw, &status); err != nil {
 			t.Fatal(err)
 		}

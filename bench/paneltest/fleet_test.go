@@ -18,11 +18,11 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // The simulated replicas. Each engine has 100,000 KV blocks (40 times the
@@ -173,9 +173,9 @@ type writerFunc func([]byte) (int, error)
 func (w writerFunc) Write(b []byte) (int, error) { return w(b) }
 
 // status is the model's admin JSON.
-func (f *fleet) status(t *testing.T) caddymodule.ModelStatus {
+func (f *fleet) status(t *testing.T) panel.ModelStatus {
 	t.Helper()
-	var st caddymodule.ModelStatus
+	var st panel.ModelStatus
 	if err := f.caddy.Do(http.MethodGet, "/warden/models/m", nil, &st); err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/dustin/go-humanize"
 
-	"github.com/lmwarden/caddy-warden/caddymodule"
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
 // get fetches the panel with the given Accept header, authenticated or not.
@@ -50,10 +50,10 @@ func (p panelSite) get(t *testing.T, target, accept string, authenticated bool) 
 }
 
 // data fetches the JSON twin (asked for with the Accept header) and its body.
-func (p panelSite) data(t *testing.T) (caddymodule.PanelData, []byte) {
+func (p panelSite) data(t *testing.T) (panel.Data, []byte) {
 	t.Helper()
 	resp, body := p.get(t, p.url, "application/json", true)
-	var data caddymodule.PanelData
+	var data panel.Data
 	if err := json.Unmarshal(body, &data); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("JSON twin: %s, %v: %.200s", resp.Status, err, body)
 	}
@@ -206,7 +206,7 @@ func waitPanel(t *testing.T, ctx context.Context, within time.Duration, what str
 }
 
 // matchesStatus lists where the page differs from the admin JSON.
-func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
+func matchesStatus(page *pageState, st panel.ModelStatus) []string {
 	var problems []string
 	differ := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	number := func(text string) float64 {
@@ -284,7 +284,7 @@ func matchesStatus(page *pageState, st caddymodule.ModelStatus) []string {
 
 // replyUsageLine is the panel's line on the replies' usage, as the admin
 // JSON's numbers give it.
-func replyUsageLine(r caddymodule.ReplyUsageStatus) string {
+func replyUsageLine(r panel.ReplyUsageStatus) string {
 	percent := func(p *float64) string {
 		if p == nil {
 			return "—"

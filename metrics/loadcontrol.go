@@ -1,6 +1,10 @@
-package caddymodule
+package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmwarden/caddy-warden/panel"
+)
 
 // The series of load control, kept apart from metrics.go's table. A model's
 // are exported while its load control is on; a replica's KV capacity
@@ -27,6 +31,15 @@ var (
 	}, []string{"model"})
 )
 
+// ShowWait makes the model's wait histogram exist, at zero, so that a
+// dashboard shows "no wait" rather than "no data" from the start.
+func ShowWait(model string) { loadControlWaitSeconds.WithLabelValues(model) }
+
+// ObserveWait records how long a turn of the model waited.
+func ObserveWait(model string, seconds float64) {
+	loadControlWaitSeconds.WithLabelValues(model).Observe(seconds)
+}
+
 func describeLoadControl(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descSharedPrefix, descResidents, descResidentTokens, descKVCapacity} {
 		ch <- d
@@ -34,7 +47,7 @@ func describeLoadControl(ch chan<- *prometheus.Desc) {
 	loadControlWaitSeconds.Describe(ch)
 }
 
-func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadControlStatus) {
+func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc panel.LoadControlStatus) {
 	ch <- prometheus.MustNewConstMetric(descLoadControlWaiting, prometheus.GaugeValue, float64(lc.Waiting), model)
 	aside := 0.0
 	if lc.SteppedAside {
@@ -46,7 +59,7 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadC
 	} {
 		ch <- prometheus.MustNewConstMetric(descLoadControlTurns, prometheus.CounterValue, float64(n), model, result)
 	}
-	for turn, c := range map[string]ReplyTokensStatus{"resident": lc.Replies.Resident, "non_resident": lc.Replies.NonResident} {
+	for turn, c := range map[string]panel.ReplyTokensStatus{"resident": lc.Replies.Resident, "non_resident": lc.Replies.NonResident} {
 		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.PromptTokens), model, turn, "prompt")
 		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.CachedTokens), model, turn, "cached")
 	}
@@ -56,7 +69,7 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc LoadC
 	}
 }
 
-func collectLoadControlReplica(ch chan<- prometheus.Metric, model string, r ReplicaStatus, on bool) {
+func collectLoadControlReplica(ch chan<- prometheus.Metric, model string, r panel.ReplicaStatus, on bool) {
 	if r.KVCapacityTokens != nil {
 		ch <- prometheus.MustNewConstMetric(descKVCapacity, prometheus.GaugeValue, float64(*r.KVCapacityTokens), model, r.ID)
 	}

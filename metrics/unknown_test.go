@@ -1,18 +1,21 @@
-package caddymodule
+package metrics
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/fleet"
+	"github.com/lmwarden/caddy-warden/livemodel"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/panel"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // bareScrape is a server that publishes token counters but nothing about its
@@ -24,6 +27,25 @@ func bareScrape(prompt, generated float64) metricsfeed.Scrape {
 	}}}
 }
 
+// counterScrape is one engine's scrape with the token counters at the given
+// totals.
+func counterScrape(prompt, cached, generated float64) metricsfeed.Scrape {
+	return metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
+		PromptTokens: prompt, PromptTokensCached: cached, GenerationTokens: generated,
+		PrefixQueries: prompt, PrefixHits: cached,
+		Present: metricsfeed.FieldPromptTokens | metricsfeed.FieldPromptTokensCached |
+			metricsfeed.FieldGenerationTokens | metricsfeed.FieldPrefixQueries | metricsfeed.FieldPrefixHits,
+	}}}
+}
+
+// feed scrapes target once a second for secs seconds from t0 at 100
+// prompt tokens/s (cachedShare of them cached) and 10 generated tokens/s.
+func feed(f *fleet.Model, target string, t0 time.Time, secs int, cachedShare float64) {
+	for i := 0; i <= secs; i++ {
+		f.ObserveScrape(target, t0.Add(time.Duration(i)*time.Second), counterScrape(100*float64(i), 100*cachedShare*float64(i), 10*float64(i)), nil)
+	}
+}
+
 // feedBare scrapes target once a second for secs seconds from t0 at 100
 // prompt and 10 generated tokens/s.
 func feedBare(f *fleet.Model, target string, t0 time.Time, secs int) {
@@ -32,30 +54,29 @@ func feedBare(f *fleet.Model, target string, t0 time.Time, secs int) {
 	}
 }
 
-// liveUnitModel loads and activates a model of the given replicas for the
-// length of the test.
-func liveUnitModel(t *testing.T, name string, addrs ...string) *modelLoad {
+// liveUnitModel is a model of the given replicas, applied, for the length
+// of the test.
+func liveUnitModel(t *testing.T, name string, addrs ...string) *livemodel.Load {
 	t.Helper()
-	cfg := &ModelConfig{MaxNumSeqs: 32, PinSnapshotInterval: new(caddy.Duration)}
+	var replicas []selection.Replica
 	for _, a := range addrs {
-		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{Address: a})
+		replicas = append(replicas, selection.Replica{ID: a, Address: a})
 	}
-	l, err := loadModel(name, cfg, nil, nil, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = models.Delete(name) })
-	l.model.activate(l)
-	t.Cleanup(func() { l.model.deactivate(l) })
+	m := livemodel.New(name, time.Second, zap.NewNop())
+	l := m.Prepare(livemodel.Spec{Fleet: fleet.Spec{Routing: selection.Config{MaxNumSeqs: 32, Affinity: true}, Replicas: replicas}, Logger: zap.NewNop()})
+	m.Activate(l, time.Now())
+	t.Cleanup(m.Close)
 	return l
 }
 
-// collected gathers the collector's samples of the named model, by series
-// name and then by the value of label ("" for series without it).
-func collected(t *testing.T, model, label string) map[string]map[string]float64 {
+// collected gathers the collector's samples of the model l is a version
+// of, by series name and then by the value of label ("" for series without
+// it).
+func collected(t *testing.T, l *livemodel.Load, label string) map[string]map[string]float64 {
 	t.Helper()
+	model := l.Model().Name()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{})
+	Register(reg, func() []*livemodel.Load { return []*livemodel.Load{l} }, zap.NewNop())
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -91,10 +112,10 @@ func TestUnknownPrefixHitRateOfOneReplica(t *testing.T) {
 	const counted, bare = "127.0.0.1:9", "127.0.0.1:11"
 	l := liveUnitModel(t, "unknown-one", counted, bare)
 	now := time.Now()
-	feed(l.model.fleet, counted, now.Add(-30*time.Second), 30, 0.5)
-	feedBare(l.model.fleet, bare, now.Add(-30*time.Second), 30)
+	feed(l.Model().Fleet(), counted, now.Add(-30*time.Second), 30, 0.5)
+	feedBare(l.Model().Fleet(), bare, now.Add(-30*time.Second), 30)
 
-	st := l.status(now)
+	st := panel.Status(l, now)
 	var raw struct {
 		PrefixHitRate *float64 `json:"prefix_hit_rate"`
 		Replicas      []map[string]any
@@ -126,19 +147,19 @@ func TestUnknownPrefixHitRateOfOneReplica(t *testing.T) {
 		t.Errorf("model prefix_hit_rate %v, want the counted replica's 0.5", fmtRate(raw.PrefixHitRate))
 	}
 
-	panel := l.panel(now)
-	for _, r := range panel.Replicas {
+	shown := panel.NewData(now, []*livemodel.Load{l}).Models[0]
+	for _, r := range shown.Replicas {
 		if r.Address == bare && r.PrefixHitRate != nil {
 			t.Errorf("panel: %s prefix hit rate %v, want null", bare, *r.PrefixHitRate)
 		}
 	}
 	// The cached share is the counted replica's: the bare one's prompt
 	// tokens cannot be split.
-	if panel.Stats.HitShare == nil || *panel.Stats.HitShare != 0.5 {
-		t.Errorf("panel hit share %v, want 0.5", fmtRate(panel.Stats.HitShare))
+	if shown.Stats.HitShare == nil || *shown.Stats.HitShare != 0.5 {
+		t.Errorf("panel hit share %v, want 0.5", fmtRate(shown.Stats.HitShare))
 	}
 
-	got := collected(t, "unknown-one", "replica")
+	got := collected(t, l, "replica")
 	if _, ok := got["caddy_warden_replica_prefix_cache_hit_ratio"][bare]; ok {
 		t.Errorf("hit-ratio gauge sampled for %s, which publishes no prefix-cache counters", bare)
 	}
@@ -157,9 +178,9 @@ func TestUnknownPrefixCacheOfWholeModel(t *testing.T) {
 	const bare = "127.0.0.1:11"
 	l := liveUnitModel(t, "unknown-all", bare)
 	now := time.Now()
-	feedBare(l.model.fleet, bare, now.Add(-30*time.Second), 30)
+	feedBare(l.Model().Fleet(), bare, now.Add(-30*time.Second), 30)
 
-	body, err := json.Marshal(l.panel(now))
+	body, err := json.Marshal(panel.NewData(now, []*livemodel.Load{l}).Models[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +203,7 @@ func TestUnknownPrefixCacheOfWholeModel(t *testing.T) {
 		}
 	}
 
-	got := collected(t, "unknown-all", "kind")
+	got := collected(t, l, "kind")
 	if kinds := got["caddy_warden_prompt_tokens_per_second"]; len(kinds) != 0 {
 		t.Errorf("prompt token rates %v exported though no replica reports cached tokens", kinds)
 	}
@@ -192,6 +213,14 @@ func TestUnknownPrefixCacheOfWholeModel(t *testing.T) {
 	if v, ok := got["caddy_warden_generation_tokens_per_second"][""]; !ok || v <= 0 {
 		t.Errorf("generation rate %v (present %v), want it known", v, ok)
 	}
+}
+
+// fmtRate shows a nullable rate in a test message.
+func fmtRate(v *float64) string {
+	if v == nil {
+		return "null"
+	}
+	return fmt.Sprint(*v)
 }
 
 // A V0 server publishes its own hit-rate gauge instead of counters: warden
@@ -204,9 +233,9 @@ func TestReportedHitRateOfV0Replica(t *testing.T) {
 		s := bareScrape(100*float64(i), 10*float64(i))
 		s.Engines[0].ReportedHitRate = 0.25
 		s.Engines[0].Present |= metricsfeed.FieldReportedHitRate
-		l.model.fleet.ObserveScrape(v0, now.Add(time.Duration(i-5)*time.Second), s, nil)
+		l.Model().Fleet().ObserveScrape(v0, now.Add(time.Duration(i-5)*time.Second), s, nil)
 	}
-	st := l.status(now)
+	st := panel.Status(l, now)
 	if len(st.Replicas) != 1 || st.Replicas[0].PrefixHitRate == nil || *st.Replicas[0].PrefixHitRate != 0.25 {
 		t.Errorf("replica hit rate %+v, want the server's own 0.25", st.Replicas)
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package panel
 
 import (
 	"math"
@@ -7,49 +7,50 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/lmwarden/caddy-warden/fleet"
+	"github.com/lmwarden/caddy-warden/livemodel"
 )
 
-// panelRefresh is how often the panel page fetches its JSON again.
-const panelRefresh = 2 * time.Second
+// refresh is how often the panel page fetches its JSON again.
+const refresh = 2 * time.Second
 
 // statsStep is the finest resolution of the panel's tokens-per-second chart:
 // an hour of history is at most 720 points per model. Models polled less
 // often get one point per poll.
 const statsStep = 5 * time.Second
 
-// PanelData is the JSON twin of the panel page: everything it shows.
-type PanelData struct {
+// Data is the JSON twin of the panel page: everything it shows.
+type Data struct {
 	GeneratedAt time.Time `json:"generated_at"`
 	// RefreshMS is how often the page fetches this again, in milliseconds.
-	RefreshMS int64        `json:"refresh_ms"`
-	Models    []PanelModel `json:"models"`
+	RefreshMS int64   `json:"refresh_ms"`
+	Models    []Model `json:"models"`
 }
 
-// PanelModel is one model's part of the panel: its admin status (the badges
+// Model is one model's part of the panel: its admin status (the badges
 // and the replica table), its counters' start in human form and its token
 // traffic over the last hour.
-type PanelModel struct {
+type Model struct {
 	ModelStatus
 	// SinceHuman is Since relative to GeneratedAt, e.g. "3 minutes ago".
-	SinceHuman string     `json:"since_human"`
-	Stats      PanelStats `json:"stats"`
+	SinceHuman string `json:"since_human"`
+	Stats      Stats  `json:"stats"`
 	// WorkingSet is the fleet's resident conversations against its KV
 	// caches; absent when load control is off, which keeps no residents.
-	WorkingSet *PanelWorkingSet `json:"working_set,omitempty"`
+	WorkingSet *WorkingSet `json:"working_set,omitempty"`
 }
 
-// PanelWorkingSet sums the replicas' residents and KV capacity.
-type PanelWorkingSet struct {
+// WorkingSet sums the replicas' residents and KV capacity.
+type WorkingSet struct {
 	ResidentTokens int `json:"resident_tokens"`
 	// KVCapacityTokens is nil (JSON null) while a replica's is unknown.
 	KVCapacityTokens *int `json:"kv_capacity_tokens"`
 }
 
-// PanelStats is a model's prompt and completion traffic over the last hour,
+// Stats is a model's prompt and completion traffic over the last hour,
 // all replicas together, from the engines' own counters. The series are
 // columns of the same length: At[i] is the start (Unix seconds) of a step of
 // StepSeconds, and steps without samples are left out.
-type PanelStats struct {
+type Stats struct {
 	StepSeconds   float64 `json:"step_seconds"`
 	WindowSeconds float64 `json:"window_seconds"`
 	At            []int64 `json:"at"`
@@ -66,33 +67,34 @@ type PanelStats struct {
 	HitShare *float64 `json:"hit_share"`
 }
 
-// panelData assembles the panel of every live model at now.
-func panelData(now time.Time) PanelData {
-	out := PanelData{GeneratedAt: now, RefreshMS: panelRefresh.Milliseconds(), Models: []PanelModel{}}
-	for _, l := range appliedModels() {
-		out.Models = append(out.Models, l.panel(now))
+// NewData assembles the panel of the models whose applied loads are given,
+// at now.
+func NewData(now time.Time, applied []*livemodel.Load) Data {
+	out := Data{GeneratedAt: now, RefreshMS: refresh.Milliseconds(), Models: []Model{}}
+	for _, l := range applied {
+		out.Models = append(out.Models, modelOf(l, now))
 	}
 	return out
 }
 
-// panel is the model's part of the panel at now.
-func (l *modelLoad) panel(now time.Time) PanelModel {
-	st := l.status(now)
-	return PanelModel{
+// modelOf is the model's part of the panel at now.
+func modelOf(l *livemodel.Load, now time.Time) Model {
+	st := Status(l, now)
+	return Model{
 		ModelStatus: st,
 		SinceHuman:  humanize.RelTime(st.Since, now, "ago", "from now"),
-		Stats:       hourStats(l.model.fleet, now, max(statsStep, l.plan.MetricsInterval())),
+		Stats:       hourStats(l.Model().Fleet(), now, max(statsStep, l.Plan().MetricsInterval())),
 		WorkingSet:  workingSet(st),
 	}
 }
 
 // workingSet sums the residents and KV capacity of the model's replicas;
 // nil when load control is off.
-func workingSet(st ModelStatus) *PanelWorkingSet {
+func workingSet(st ModelStatus) *WorkingSet {
 	if !st.LoadControl.Enabled {
 		return nil
 	}
-	ws := &PanelWorkingSet{KVCapacityTokens: new(int)}
+	ws := &WorkingSet{KVCapacityTokens: new(int)}
 	for _, r := range st.Replicas {
 		ws.ResidentTokens += r.ResidentTokens
 		if r.KVCapacityTokens == nil {
@@ -106,8 +108,8 @@ func workingSet(st ModelStatus) *PanelWorkingSet {
 
 // hourStats is the model's traffic over the history's last hour, one point
 // per step.
-func hourStats(f *fleet.Model, now time.Time, step time.Duration) PanelStats {
-	out := PanelStats{
+func hourStats(f *fleet.Model, now time.Time, step time.Duration) Stats {
+	out := Stats{
 		StepSeconds:   step.Seconds(),
 		WindowSeconds: fleet.HistoryRetention.Seconds(),
 		At:            []int64{},

@@ -1,11 +1,13 @@
-package caddymodule
+package panel
 
 import (
 	"math"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/kvevents"
+	"github.com/lmwarden/caddy-warden/livemodel"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
+	"github.com/lmwarden/caddy-warden/pinsnapshot"
 	"github.com/lmwarden/caddy-warden/pinstore"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/supervise"
@@ -51,7 +53,7 @@ type ModelStatus struct {
 	Since         time.Time       `json:"since"`
 	Replicas      []ReplicaStatus `json:"replicas"`
 	// PinSnapshot is absent when snapshots are off.
-	PinSnapshot *PinSnapshotStatus `json:"pin_snapshot,omitempty"`
+	PinSnapshot *pinsnapshot.Status `json:"pin_snapshot,omitempty"`
 	// PinStore is the shared pin store's state; absent when pins are local.
 	PinStore *pinstore.Status `json:"pin_store,omitempty"`
 	// LoadControl is load control's settings in force and its counters.
@@ -168,25 +170,6 @@ func replyUsageStatus(a selection.AdmissionStatus) ReplyUsageStatus {
 	}
 }
 
-// PinSnapshotStatus is the model's pin snapshot in Caddy's storage: the last
-// write, and what became of the snapshot read at start.
-type PinSnapshotStatus struct {
-	Key             string    `json:"key"` // in Caddy's storage, by default under its data directory
-	LastWritten     time.Time `json:"last_written,omitzero"`
-	LastWritePins   int       `json:"last_write_pins"`
-	LastWriteBytes  int       `json:"last_write_bytes"`
-	LastWriteMillis float64   `json:"last_write_ms"`         // copy, encoding and storage
-	WriteError      string    `json:"write_error,omitempty"` // of the last attempt
-	LoadError       string    `json:"load_error,omitempty"`  // the snapshot at start was unreadable
-	// Of the snapshot read at start: pins restored, and dropped by reason.
-	Restored              int `json:"restored"`
-	Dropped               int `json:"dropped"`
-	DroppedExpired        int `json:"dropped_expired"`         // idle past session_ttl
-	DroppedUnknownReplica int `json:"dropped_unknown_replica"` // a replica no longer configured
-	DroppedOverCapacity   int `json:"dropped_over_capacity"`   // beyond max_sessions
-	DroppedAlreadyPinned  int `json:"dropped_already_pinned"`  // placed by a request before the restore
-}
-
 // ReplicaStatus is one row of the panel.
 type ReplicaStatus struct {
 	ID           string  `json:"id"`
@@ -250,13 +233,14 @@ type KVEventsStatus struct {
 	ChainsMissed uint64 `json:"chains_missed"`
 }
 
-// status assembles the model's panel from the load's routing view and the
-// model's metrics and health.
-func (l *modelLoad) status(now time.Time) ModelStatus {
-	view := l.plan.View()
+// Status assembles a model's status from the routing view of its applied
+// load and the model's metrics and health.
+func Status(l *livemodel.Load, now time.Time) ModelStatus {
+	view := l.Plan().View()
 	st := view.Status()
 	admission := view.Admission()
-	f := l.model.fleet
+	f := l.Model().Fleet()
+	spec := l.Spec()
 	out := ModelStatus{
 		Model:                  st.Model,
 		Mode:                   "replicas",
@@ -264,7 +248,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		SpillThreshold:         st.SpillThreshold,
 		SpillThresholdAuto:     st.SpillThresholdAuto,
 		MaxNumSeqs:             st.MaxNumSeqs,
-		MaxNumSeqsSource:       l.cfg.maxNumSeqsSource,
+		MaxNumSeqsSource:       spec.MaxNumSeqsSource,
 		TypicalPromptTokens:    int(math.Round(st.TypicalPrompt)),
 		PrefillTokensPerSecond: known(math.Round(st.PrefillRate), st.PrefillRate > 0),
 		TurnSeconds:            known(math.Round(st.TurnSeconds*1000)/1000, st.TurnSeconds > 0),
@@ -279,7 +263,7 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		CompactionsIgnored:     st.CompactionsIgnored,
 		Since:                  st.Since,
 		Replicas:               make([]ReplicaStatus, 0, len(st.Replicas)),
-		PinSnapshot:            l.model.pinStatus(l),
+		PinSnapshot:            l.PinSnapshot(),
 		LoadControl: LoadControlStatus{
 			Enabled:            st.Admission.Enabled,
 			Fill:               admission.Fill,
@@ -308,14 +292,14 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 			Replies:            replyUsageStatus(st.Admission),
 		},
 	}
-	if l.store != nil {
-		ps := l.store.Status()
+	if spec.Store != nil {
+		ps := spec.Store.Status()
 		out.PinStore = &ps
 	}
-	if l.cfg.Server != nil {
-		out.Mode = "ranks"
-	}
 	for _, rs := range st.Replicas {
+		if rs.SetsRank {
+			out.Mode = "ranks"
+		}
 		row := ReplicaStatus{
 			ID:             rs.ID,
 			Address:        rs.Address,
@@ -353,9 +337,9 @@ func (l *modelLoad) status(now time.Time) ModelStatus {
 		if h, ok := f.Health(rs.Address, now); ok {
 			row.Health = h.String()
 		}
-		row.Process = l.processState(rs.Address)
-		if row.KVEvents = l.kvEventsStatus(rs.ID); row.KVEvents != nil {
-			row.KVEvents.ChainsFound, row.KVEvents.ChainsMissed = rs.ChainsFound, rs.ChainsMissed
+		row.Process = l.ProcessState(rs.Address)
+		if endpoint, stats, ok := l.KVEvents(rs.ID); ok {
+			row.KVEvents = &KVEventsStatus{Endpoint: endpoint, Stats: stats, ChainsFound: rs.ChainsFound, ChainsMissed: rs.ChainsMissed}
 		}
 		out.Replicas = append(out.Replicas, row)
 	}

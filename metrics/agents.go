@@ -1,6 +1,10 @@
-package caddymodule
+package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmwarden/caddy-warden/panel"
+)
 
 // The series of conversations placed anew for their cache (sub-agents,
 // compaction, rehoming), kept apart from metrics.go's table.
@@ -18,11 +22,11 @@ func describeAgents(ch chan<- *prometheus.Desc) {
 	ch <- descCompactionsIgnore
 }
 
-func collectAgentModel(ch chan<- prometheus.Metric, model string, st ModelStatus) {
+func collectAgentModel(ch chan<- prometheus.Metric, model string, st panel.ModelStatus) {
 	ch <- prometheus.MustNewConstMetric(descCompactionsIgnore, prometheus.CounterValue, float64(st.CompactionsIgnored), model)
 }
 
-func collectAgentReplica(ch chan<- prometheus.Metric, model string, r ReplicaStatus) {
+func collectAgentReplica(ch chan<- prometheus.Metric, model string, r panel.ReplicaStatus) {
 	ch <- prometheus.MustNewConstMetric(descJoined, prometheus.CounterValue, float64(r.Joined), model, r.ID)
 	ch <- prometheus.MustNewConstMetric(descCompacted, prometheus.CounterValue, float64(r.Compacted), model, r.ID)
 	ch <- prometheus.MustNewConstMetric(descRehomed, prometheus.CounterValue, float64(r.Rehomed), model, r.ID)

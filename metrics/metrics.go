@@ -1,4 +1,9 @@
-package caddymodule
+// Package metrics exports warden's series (caddy_warden_*) to Prometheus:
+// each running model's status, read at scrape time so that the values
+// continue across config reloads, and the histograms of the shared pin
+// store's round trips and of load control's waits. Labels are model and
+// replica (the replica ID); never a session.
+package metrics
 
 import (
 	"errors"
@@ -6,13 +11,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/lmwarden/caddy-warden/livemodel"
+	"github.com/lmwarden/caddy-warden/panel"
 )
 
-// collector exports every live model's panel on Caddy's /metrics. It reads
-// the models at scrape time, so it is registered once per registry and its
-// values continue across reloads. Labels are model and replica (the replica
-// ID); never a session.
-type collector struct{}
+// collector exports the status of every model a running config applies.
+type collector struct {
+	applied func() []*livemodel.Load
+}
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName("caddy", "warden", name), help, labels, nil)
@@ -66,8 +73,8 @@ var (
 	}, []string{"model", "op", "result"})
 )
 
-// observePinStore records the model's store round trips.
-func observePinStore(model string) func(op, result string, d time.Duration) {
+// ObservePinStore records the model's store round trips.
+func ObservePinStore(model string) func(op, result string, d time.Duration) {
 	return func(op, result string, d time.Duration) {
 		pinStoreSeconds.WithLabelValues(model, op, result).Observe(d.Seconds())
 	}
@@ -76,16 +83,25 @@ func observePinStore(model string) func(op, result string, d time.Duration) {
 // rateWindow is the window of the tokens-per-second gauges.
 const rateWindow = time.Minute
 
-// registerMetrics adds the collector to a config load's registry; a second
-// registration in the same registry is expected and ignored.
-func registerMetrics(reg *prometheus.Registry, logger *zap.Logger) {
+// Register adds the collector of the models applied lists to a config
+// load's registry; a second registration in the same registry is expected
+// and ignored.
+func Register(reg *prometheus.Registry, applied func() []*livemodel.Load, logger *zap.Logger) {
 	if reg == nil {
 		return
 	}
 	var already prometheus.AlreadyRegisteredError
-	if err := reg.Register(collector{}); err != nil && !errors.As(err, &already) {
+	if err := reg.Register(collector{applied}); err != nil && !errors.As(err, &already) {
 		logger.Error("registering warden metrics", zap.Error(err))
 	}
+}
+
+// Forget drops the model's series from the process-wide histograms, as a
+// model no config uses leaves the gauges read from the running config.
+func Forget(model string) {
+	byModel := prometheus.Labels{"model": model}
+	loadControlWaitSeconds.DeletePartialMatch(byModel)
+	pinStoreSeconds.DeletePartialMatch(byModel)
 }
 
 // Describe sends every descriptor.
@@ -98,12 +114,12 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 	pinStoreSeconds.Describe(ch)
 }
 
-// Collect reads every live model.
-func (collector) Collect(ch chan<- prometheus.Metric) {
+// Collect reads every running model.
+func (c collector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
-	for _, l := range appliedModels() {
-		name := l.model.name
-		st := l.status(now)
+	for _, l := range c.applied() {
+		name := l.Model().Name()
+		st := panel.Status(l, now)
 		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 		}
@@ -123,7 +139,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEvicted, st.SessionsEvicted, name)
 		counter(descExpired, st.SessionsExpired, name)
 		collectAgentModel(ch, name, st)
-		loadControl := l.plan.View().Admission().Enabled
+		loadControl := l.Plan().View().Admission().Enabled
 		if loadControl {
 			collectLoadControlModel(ch, name, st.LoadControl)
 		}
@@ -148,7 +164,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descHitRate, *r.PrefixHitRate, name, r.ID)
 			}
 		}
-		rates, _ := l.model.fleet.Rates(now, rateWindow)
+		rates, _ := l.Model().Fleet().Rates(now, rateWindow)
 		if rates.CachedKnown {
 			gauge(descPromptTokens, rates.CachedPerSec, name, "cached")
 			gauge(descPromptTokens, rates.ComputedPerSec, name, "computed")
