@@ -134,7 +134,7 @@ func (m *Model) Activate(l *Load, now time.Time) {
 // storage, while it is still open.
 func (m *Model) Deactivate(l *Load, now time.Time) (last bool) {
 	if last = m.deactivate(l); last {
-		m.WritePins(l, now)
+		m.writePins(l, now)
 	}
 	return last
 }
@@ -250,7 +250,7 @@ func (m *Model) run(ctx context.Context, done chan struct{}) {
 			m.fleet.Tick(now)
 			if l := m.Applied(); l != nil && now.Sub(lastPins) >= l.spec.PinSnapshotInterval {
 				lastPins = now
-				m.WritePins(l, now)
+				m.writePins(l, now)
 			}
 		}
 	}

@@ -8,10 +8,10 @@ import (
 	"github.com/lmwarden/caddy-warden/pinstore"
 )
 
-// WritePins stores the pin table through l's storage when l has snapshots
-// on (pinsnapshot.Snapshot.Write skips an idle model). It runs on the
+// writePins stores the pin table through l's storage when l has snapshots
+// on (Snapshot.Write skips an idle model). It runs on the
 // sweeper's goroutine or as a config stops, never on a request's.
-func (m *Model) WritePins(l *Load, now time.Time) {
+func (m *Model) writePins(l *Load, now time.Time) {
 	if l.spec.Storage == nil || l.spec.PinSnapshotInterval <= 0 {
 		return
 	}
