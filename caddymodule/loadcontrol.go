@@ -45,7 +45,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	ready := make(chan struct{})
 	// After the body read for its prefix, if it was: the wait counts the
 	// rest of the upload, as max_wait does.
-	start := time.Now()
+	start := p.clock.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
 	t := p.view.Admit(held.id.Key, held.body, usable, start, func() { close(ready) })
@@ -62,7 +62,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 		return false
 	case selection.Waiting:
 		sent := p.wait(r, t, ready)
-		waited := time.Since(start).Seconds()
+		waited := p.clock.Now().Sub(start).Seconds()
 		caddyhttp.SetVar(ctx, varQueued, waited)
 		metrics.ObserveWait(p.Model, waited)
 		return sent
@@ -77,18 +77,17 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 // counts the body's upload too, so a client that sends it slowly cannot
 // stretch the wait.
 func (p *Policy) wait(r *http.Request, t *selection.Ticket, ready <-chan struct{}) bool {
-	timer := time.NewTimer(p.view.MaxWait())
-	defer timer.Stop()
+	timeout := p.clock.After(p.view.MaxWait())
 	readBody(r)
 	select {
 	case <-ready:
 		return true
 	case <-r.Context().Done():
-		t.Cancel(time.Now()) // admitted meanwhile: ended at once
+		t.Cancel(p.clock.Now()) // admitted meanwhile: ended at once
 		caddyhttp.SetVar(r.Context(), varOutcome, outcomeCancelled)
 		return false
-	case <-timer.C:
-		t.Force(time.Now()) // false: admitted meanwhile, which is as good
+	case <-timeout:
+		t.Force(p.clock.Now()) // false: admitted meanwhile, which is as good
 		return true
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/panel"
 	"github.com/lmwarden/caddy-warden/promptprefix"
@@ -122,27 +123,26 @@ func (fx *selectFixture) admission() selection.AdmissionStatus {
 	return fx.plan.View().Status().Admission
 }
 
-// waitFor polls cond for at most 2 s.
+// waitFor waits until cond holds, which it must before long.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testrun.Eventually(t, 10*time.Second, what, cond)
 }
 
+// received is what a Select that must return (now, or once another
+// goroutine's part has run) returned.
 func received(t *testing.T, done <-chan selectResult) selectResult {
 	t.Helper()
-	select {
-	case s := <-done:
-		return s
-	case <-time.After(2 * time.Second):
-		t.Fatal("Select still waiting after 2 s")
-		return selectResult{}
-	}
+	var s selectResult
+	waitFor(t, "Select to return", func() bool {
+		select {
+		case s = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	return s
 }
 
 // routeResident routes a turn of conversation "a", which runs, and so
@@ -173,20 +173,20 @@ func TestSelectLoadControlHoldsUntilAdmitted(t *testing.T) {
 	}
 	_, _, doneB := fx.queue(t, "b")
 	endA()
-	fx.f.Tick(time.Now()) // a's linger has not passed: b still waits
-	select {
-	case s := <-doneB:
-		t.Fatalf("b routed while a lingers: %+v", s)
-	case <-time.After(20 * time.Millisecond):
+	waitFor(t, "a's request to end", func() bool { total, _ := fx.inFlight(); return total == 0 })
+	fx.f.Tick(fx.clock.Now()) // a's linger has not passed: b still waits
+	if st := fx.admission(); st.Waiting != 1 || st.Admitted != 1 {
+		t.Fatalf("b admitted while a lingers: %+v", st)
 	}
-	fx.f.Tick(time.Now().Add(2 * time.Second))
+	fx.clock.advance(2 * time.Second)
+	fx.f.Tick(fx.clock.Now())
 	s := received(t, doneB)
 	// Admission pinned b where it made room for it: Pick finds that pin.
 	if s.upstream != addrA || s.outcome != "sticky" {
 		t.Errorf("b after a left: %+v, want sticky on %s", s, addrA)
 	}
-	if q, _ := s.queued.(float64); q <= 0 {
-		t.Errorf("b's queued_s %v, want > 0", s.queued)
+	if s.queued != 2.0 {
+		t.Errorf("b's queued_s %v, want the 2 s it waited", s.queued)
 	}
 	if st := fx.admission(); st.Waiting != 0 || st.Queued != 1 || st.Admitted != 2 {
 		t.Errorf("admission %+v, want 2 admitted, 1 of them queued", st)
@@ -235,14 +235,19 @@ func TestSelectLoadControlClientGone(t *testing.T) {
 
 // A turn that waited max_wait is sent anyway.
 func TestSelectLoadControlForcesAfterMaxWait(t *testing.T) {
-	fx := loadControlFixture(t, 0, 50*time.Millisecond)
+	const maxWait = 50 * time.Millisecond
+	fx := loadControlFixture(t, 0, maxWait)
 	fx.routeResident(t)
-	start := time.Now()
-	_, endB, doneB := fx.selectAsync(t, "b", nil)
-	defer endB()
+	_, _, doneB := fx.queue(t, "b")
+	waitFor(t, "b's wait to start", func() bool { return fx.clock.pending() == 1 })
+	fx.clock.advance(maxWait - time.Millisecond)
+	if st := fx.admission(); st.Waiting != 1 || st.Forced != 0 {
+		t.Fatalf("admission %+v before max_wait, want b still waiting", st)
+	}
+	fx.clock.advance(time.Millisecond)
 	s := received(t, doneB)
-	if waited := time.Since(start); s.upstream != addrA || waited < 50*time.Millisecond {
-		t.Errorf("b: %+v after %v, want routed after max_wait", s, waited)
+	if s.upstream != addrA || s.queued != maxWait.Seconds() {
+		t.Errorf("b: %+v, want routed after max_wait, queued_s %v", s, maxWait.Seconds())
 	}
 	if st := fx.admission(); st.Forced != 1 || st.Waiting != 0 {
 		t.Errorf("admission %+v, want 1 forced", st)
@@ -258,23 +263,22 @@ func TestSelectLoadControlMaxWaitCountsTheUpload(t *testing.T) {
 	r, _ := newProxyRequest(t, "X-Claude-Code-Session-Id", "b")
 	r.Body, r.ContentLength = body, -1
 	r.Header.Set("Content-Type", "application/octet-stream") // not read for its prefix before it queues
-	returned := make(chan time.Time, 1)
+	done := make(chan selectResult, 1)
 	go func() {
-		fx.p.Select(pool(addrA), r, nil)
-		returned <- time.Now()
+		var s selectResult
+		if u := fx.p.Select(pool(addrA), r, nil); u != nil {
+			s.upstream = u.Dial
+		}
+		done <- s
 	}()
-	waitFor(t, "b queued", func() bool { return fx.admission().Waiting == 1 })
-	time.Sleep(1200 * time.Millisecond) // past max_wait, still uploading
+	waitFor(t, "b queued, its wait started", func() bool { return fx.admission().Waiting == 1 && fx.clock.pending() == 1 })
+	fx.clock.advance(1200 * time.Millisecond) // past max_wait, still uploading
 	_, _ = upload.Write([]byte(`{"messages":[]}`))
 	upload.Close()
-	uploaded := time.Now()
-	select {
-	case at := <-returned:
-		if late := at.Sub(uploaded); late > 500*time.Millisecond {
-			t.Errorf("b sent %v after its upload ended past max_wait, want at once", late)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("b never sent")
+	// The clock stands still from here: only a wait that counted the
+	// upload ends.
+	if s := received(t, done); s.upstream != addrA {
+		t.Errorf("b after its upload ended past max_wait: %+v, want sent", s)
 	}
 	if st := fx.admission(); st.Forced != 1 {
 		t.Errorf("admission %+v, want b forced", st)

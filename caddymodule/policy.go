@@ -57,9 +57,22 @@ type Policy struct {
 
 	cfg    *ModelConfig
 	view   *selection.View
+	clock  clock
 	logger *zap.Logger
 	warned *sync.Map // replica addresses reported as missing from the pool
 }
+
+// clock is the time the policy routes and holds turns by: the wall clock,
+// or a test's.
+type clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time                         { return time.Now() }
+func (wallClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // CaddyModule returns the Caddy module information.
 func (Policy) CaddyModule() caddy.ModuleInfo {
@@ -80,6 +93,7 @@ func (p *Policy) UnmarshalCaddyfile(d *caddyfile.Dispenser) (err error) {
 // Provision finds the policy's model in the warden app of its own config.
 func (p *Policy) Provision(ctx caddy.Context) error {
 	p.logger = ctx.Logger()
+	p.clock = wallClock{}
 	p.warned = new(sync.Map)
 	l, err := modelOfConfig(ctx, p.Model, "lb_policy warden")
 	if err != nil {
@@ -201,15 +215,15 @@ func (f *inFlight) replyRead() selection.Reply {
 	}
 }
 
-// release gives back the in-flight count first, so that a turn load
-// control admits in the room the ticket's end frees sees it.
-func (f *inFlight) release() {
+// release ends the request at now. It gives back the in-flight count
+// first, so that a turn load control admits in the room the ticket's end
+// frees sees it.
+func (f *inFlight) release(now time.Time) {
 	reply := f.replyRead()
 	f.mu.Lock()
 	d := f.d
 	f.d, f.ended = selection.Decision{}, true
 	f.mu.Unlock()
-	now := time.Now()
 	d.End(now, reply)
 	f.ticket.End(now, reply)
 }
@@ -244,11 +258,11 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 			held.turnedAway = true
 			return nil
 		}
-		context.AfterFunc(ctx, held.release)
+		context.AfterFunc(ctx, func() { held.release(p.clock.Now()) })
 	}
 	req.PromptTokens, req.Prefix = p.view.EstimateTokens(held.body.Bytes), held.body.Prefix
 	req.CountOnly = countsTokens(r)
-	req.Now = time.Now()
+	req.Now = p.clock.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,
 		// unless an allowed client chose its rank.

@@ -33,12 +33,68 @@ const (
 	addrB = "127.0.0.1:7002"
 )
 
-// selectFixture is a policy over one config load of a model.
+// selectFixture is a policy over one config load of a model, on a clock
+// that moves only when the test advances it.
 type selectFixture struct {
-	p    *Policy
-	f    *fleet.Model
-	plan *fleet.Plan
-	logs *observer.ObservedLogs
+	p     *Policy
+	f     *fleet.Model
+	plan  *fleet.Plan
+	clock *testClock
+	logs  *observer.ObservedLogs
+}
+
+// testClock is a clock that moves only when the test advances it.
+type testClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []testTimer
+}
+
+type testTimer struct {
+	at time.Time
+	c  chan time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := testTimer{at: c.now.Add(d), c: make(chan time.Time, 1)}
+	c.timers = append(c.timers, t)
+	c.fireLocked()
+	return t.c
+}
+
+// advance moves the clock by d and fires the timers due.
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	c.fireLocked()
+}
+
+// pending is how many timers wait to fire.
+func (c *testClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
+func (c *testClock) fireLocked() {
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if t.at.After(c.now) {
+			kept = append(kept, t)
+		} else {
+			t.c <- c.now
+		}
+	}
+	c.timers = kept
 }
 
 // newSelectFixture prepares and applies cfg and makes every server healthy
@@ -49,7 +105,8 @@ func newSelectFixture(t testing.TB, cfg *ModelConfig, running map[string][]int) 
 		t.Fatal(err)
 	}
 	cfg.rules = cfg.newRules() // as provision makes them
-	now := time.Now()
+	clock := &testClock{now: time.Now()}
+	now := clock.Now()
 	f := fleet.New("m", time.Second, now, nil)
 	plan := f.Prepare(cfg.fleetSpec(nil))
 	f.Apply(plan)
@@ -68,13 +125,13 @@ func newSelectFixture(t testing.TB, cfg *ModelConfig, running map[string][]int) 
 		f.ObserveScrape(addr, now, loadScrape(engines), nil)
 	}
 	core, logs := observer.New(zapcore.WarnLevel)
-	p := &Policy{Model: "m", cfg: cfg, view: plan.View(), logger: zap.New(core), warned: new(sync.Map)}
+	p := &Policy{Model: "m", cfg: cfg, view: plan.View(), clock: clock, logger: zap.New(core), warned: new(sync.Map)}
 	for _, rs := range plan.View().Status().Replicas {
 		if !rs.Healthy || !rs.Load.Known {
 			t.Fatalf("replica %s not ready: healthy %v, load %+v", rs.ID, rs.Healthy, rs.Load)
 		}
 	}
-	return &selectFixture{p: p, f: f, plan: plan, logs: logs}
+	return &selectFixture{p: p, f: f, plan: plan, clock: clock, logs: logs}
 }
 
 // loadScrape is a scrape of one server whose engine i runs running[i]
@@ -163,8 +220,8 @@ func TestSelectPinsASession(t *testing.T) {
 		cancel()
 	}
 	// Even once a is idle again: the pin holds.
-	fx.f.ObserveScrape(addrA, time.Now(), loadScrape([]int{0}), nil)
-	fx.f.ObserveScrape(addrA, time.Now(), loadScrape([]int{0}), nil)
+	fx.f.ObserveScrape(addrA, fx.clock.Now(), loadScrape([]int{0}), nil)
+	fx.f.ObserveScrape(addrA, fx.clock.Now(), loadScrape([]int{0}), nil)
 	if addr, outcome := fx.selected(t, pl, "X-Claude-Code-Session-Id", "conv-1"); addr != addrB || outcome != "sticky" {
 		t.Errorf("after a went idle: %q %q, want %s sticky", addr, outcome, addrB)
 	}
@@ -406,7 +463,7 @@ func TestSelectRetryAndEndRelease(t *testing.T) {
 	}
 
 	// b fails its health check: the retry moves the session to a.
-	fx.f.ObserveHealth(addrB, time.Now(), errors.New("503"))
+	fx.f.ObserveHealth(addrB, fx.clock.Now(), errors.New("503"))
 	if u := fx.p.Select(pl, r, nil); u == nil || u.Dial != addrA {
 		t.Fatalf("third try: %v, want %s", u, addrA)
 	}
@@ -421,17 +478,10 @@ func TestSelectRetryAndEndRelease(t *testing.T) {
 	}
 
 	cancel()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		total, by := fx.inFlight()
-		if total == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the request's end: %d in flight %v", total, by)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, "nothing in flight after the request's end", func() bool {
+		total, _ := fx.inFlight()
+		return total == 0
+	})
 }
 
 // Many requests at once, each ended: nothing stays in flight.
@@ -451,13 +501,10 @@ func TestSelectConcurrentRequestsRelease(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	deadline := time.Now().Add(2 * time.Second)
-	for total, by := fx.inFlight(); total != 0; total, by = fx.inFlight() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d in flight %v after every request ended", total, by)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, "nothing in flight after every request ended", func() bool {
+		total, _ := fx.inFlight()
+		return total == 0
+	})
 }
 
 // A client may leave while its request is routed, or before Caddy's retry
