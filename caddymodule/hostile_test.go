@@ -105,27 +105,9 @@ func (b *recordingBackend) requests() []receivedRequest {
 	return append([]receivedRequest(nil), b.received...)
 }
 
-// syncBuffer collects Caddy's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startRecordedFleet is startFleet with recording backends and the setup's
 // options, Caddy's log kept for inspection.
-func startRecordedFleet(t *testing.T, setup caddySetup, backends ...*recordingBackend) (*fleet, *syncBuffer) {
+func startRecordedFleet(t *testing.T, setup caddySetup, backends ...*recordingBackend) (*fleet, *testrun.Buffer) {
 	t.Helper()
 	addrs := make([]string, len(backends))
 	for i, b := range backends {

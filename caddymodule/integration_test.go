@@ -94,7 +94,7 @@ type caddySetup struct {
 // runCaddy starts Caddy in front of the servers at addrs, waits until every
 // replica is healthy, and stops it when the test ends; its log is printed
 // if the test failed.
-func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *syncBuffer) {
+func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *testrun.Buffer) {
 	t.Helper()
 	ports := testnet.Addrs(t, 2)
 	admin, site := ports[0], ports[1]
@@ -129,7 +129,7 @@ http://%s {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &testrun.Buffer{}
 	p, err := caddyproc.StartIn(setup.dataDir, caddyBin, config, admin, log)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())

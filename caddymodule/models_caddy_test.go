@@ -62,7 +62,7 @@ http://%s {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &testrun.Buffer{}
 	p, err := caddyproc.Start(caddyBin, config, admin, log)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())

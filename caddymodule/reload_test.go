@@ -209,7 +209,7 @@ http://%s {
 	}
 }
 `, ports[0], backend.addr, backend.addr, ports[1], backend.addr)
-	log := &syncBuffer{}
+	log := &testrun.Buffer{}
 	p, err := caddyproc.Start(caddyBin, caddyfile, ports[0], log)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())

@@ -32,12 +32,12 @@ const redisPassword = "s3cret-never-shown"
 
 // startShared runs n Caddy instances in front of the same replicas, sharing
 // one Redis for their pins.
-func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM) (*redisproc.TestServer, []*fleet, []*syncBuffer) {
+func startShared(t *testing.T, n int, syncInterval string, backends ...*fakeVLLM) (*redisproc.TestServer, []*fleet, []*testrun.Buffer) {
 	t.Helper()
 	redis := redisproc.StartTest(t, "--requirepass", redisPassword)
 	t.Setenv("WARDEN_TEST_REDIS_PASSWORD", redisPassword) // Caddy inherits it
 	var fleets []*fleet
-	var logs []*syncBuffer
+	var logs []*testrun.Buffer
 	for range n {
 		f, log := runCaddy(t, sharedBlock(redis.Addr, syncInterval), addresses(backends)...)
 		f.backends = backends

@@ -1,7 +1,6 @@
 package clienttest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // model is the name every client asks for, the simulators serve and warden routes.
@@ -55,7 +55,7 @@ type fleet struct {
 	url   string // Caddy's site, http://host:port
 	admin string // Caddy's admin API, host:port
 	rec   *recorder
-	log   *syncWriter // Caddy's log, with an access log line per request
+	log   *testrun.Buffer // Caddy's log, with an access log line per request
 }
 
 // fleetOptions change the fleet from its defaults.
@@ -142,7 +142,7 @@ http://%[4]s {
 // is printed if the test failed.
 func runFleet(t *testing.T, bin, config, admin, site string, rec *recorder) *fleet {
 	t.Helper()
-	log := &syncWriter{}
+	log := &testrun.Buffer{}
 	proc, err := caddyproc.Start(bin, config, admin, log)
 	if err != nil {
 		t.Fatalf("starting Caddy: %v\n%s", err, log.String())
@@ -198,23 +198,6 @@ func (r *recorder) since(mark int) []server.Served {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]server.Served(nil), r.reqs[mark:]...)
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
 }
 
 // requestCounts counts the requests of Caddy's access log by method, URI and status, e.g.
