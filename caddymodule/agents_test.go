@@ -180,9 +180,14 @@ func TestEveryAgentKeyedByDefault(t *testing.T) {
 			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", proxyOptions: observedProxy}, addresses(backends)...)
 			convs := []string{c.name + "-one", c.name + "-two"}
 			homes := make([]served, len(convs))
-			testrun.Concurrently(len(convs), func(i int) {
-				homes[i] = f.agentTurn(t, convs[i], c.turn(convs[i], 0), holdHeader, "100ms")
-			})
+			gate, open := newGate(t)
+			var wg sync.WaitGroup
+			for i := range convs {
+				wg.Go(func() { homes[i] = f.agentTurn(t, convs[i], c.turn(convs[i], 0), gateHeader, gate) })
+			}
+			testrun.Eventually(t, 10*time.Second, "both first turns in flight", func() bool { return inFlight(backends...) == 2 })
+			open()
+			wg.Wait()
 			if homes[0].backend == homes[1].backend {
 				t.Errorf("two conversations both on %s", homes[0].backend)
 			}
@@ -248,17 +253,17 @@ func TestSubAgentsSpreadAndStay(t *testing.T) {
 			backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
 			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", proxyOptions: observedProxy}, addresses(backends)...)
 			home := f.agentTurn(t, "parent", fam.parent())
-			// The agent waits for its children, spawned a moment apart.
+			// The agent waits for its children, spawned one after the other.
 			children := make([]served, 3)
+			gate, open := newGate(t)
 			var wg sync.WaitGroup
 			for i := range children {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					children[i] = f.agentTurn(t, fmt.Sprintf("child-%d", i), fam.child(i), holdHeader, "300ms")
-				}()
-				time.Sleep(50 * time.Millisecond)
+				wg.Go(func() {
+					children[i] = f.agentTurn(t, fmt.Sprintf("child-%d", i), fam.child(i), gateHeader, gate)
+				})
+				testrun.Eventually(t, 10*time.Second, fmt.Sprintf("child %d in flight", i), func() bool { return inFlight(backends...) == int64(i+1) })
 			}
+			open()
 			wg.Wait()
 			used := map[string]bool{}
 			joined := 0
@@ -294,8 +299,8 @@ func TestSubAgentsSpreadAndStay(t *testing.T) {
 }
 
 // After a compaction (Claude Code's hint headers, Codex's turn metadata) the
-// conversation is placed anew by load: away from a busy replica. A hint on
-// every request moves it at most once per compaction_interval.
+// conversation is placed anew by load: away from a busy replica. Hints
+// within compaction_interval of its last placement move it no more.
 func TestCompactionPlacesAnew(t *testing.T) {
 	type flow struct {
 		name       string
@@ -317,16 +322,17 @@ func TestCompactionPlacesAnew(t *testing.T) {
 	for _, fl := range flows {
 		t.Run(fl.name, func(t *testing.T) {
 			backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", proxyOptions: observedProxy, fields: map[string]any{"compaction": true, "compaction_interval": "1s"}}, addresses(backends)...)
+			// An interval of 1 ns: any later hint may move the conversation.
+			f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", proxyOptions: observedProxy, fields: map[string]any{"compaction": true, "compaction_interval": "1ns"}}, addresses(backends)...)
 			home := f.agentTurn(t, "conv", fl.turn(0))
-			time.Sleep(1100 * time.Millisecond)
-			// Load home: a long request of the conversation itself in flight.
+			// Load home: a request of the conversation itself in flight.
+			gate, open := newGate(t)
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				f.agentTurn(t, "conv", fl.turn(0), holdHeader, "1500ms")
+				f.agentTurn(t, "conv", fl.turn(0), gateHeader, gate)
 			}()
-			testrun.Eventually(t, 5*time.Second, "home busy", func() bool { return homeBusy(backends, home.backend) })
+			testrun.Eventually(t, 10*time.Second, "home busy", func() bool { return homeBusy(backends, home.backend) })
 			if got := f.agentTurn(t, "conv", fl.turn(1), fl.summarise...); got.backend != home.backend || got.outcome != "sticky" {
 				t.Errorf("summarising request: %+v, want sticky on %s (its prompt is cached there)", got, home.backend)
 			}
@@ -337,8 +343,12 @@ func TestCompactionPlacesAnew(t *testing.T) {
 			if got := f.agentTurn(t, "conv", fl.turn(1)); got.backend != moved.backend || got.outcome != "sticky" {
 				t.Errorf("next turn: %+v, want sticky on %s", got, moved.backend)
 			}
+			open()
 			<-done
-			// A hint on every request: at most one move per interval.
+			// A hint on every request within the interval moves nothing.
+			if err := f.caddy.Do(http.MethodPost, "/config/apps/warden/models/m/compaction_interval", "1m", nil); err != nil {
+				t.Fatal(err)
+			}
 			moves := 0
 			for range 10 {
 				if f.agentTurn(t, "conv", fl.turn(1), fl.summarise...).outcome == "compacted" {
@@ -353,8 +363,8 @@ func TestCompactionPlacesAnew(t *testing.T) {
 			for _, r := range st.Replicas {
 				compacted += r.Compacted
 			}
-			if moves > 2 || compacted != uint64(1+moves) {
-				t.Errorf("hint on every request: %d moves, admin JSON compacted %d", moves, compacted)
+			if moves != 0 || compacted != 1 {
+				t.Errorf("hint on every request within compaction_interval: %d moves, admin JSON compacted %d; want none more than the first", moves, compacted)
 			}
 		})
 	}

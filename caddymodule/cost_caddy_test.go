@@ -21,7 +21,7 @@ var bigBody = []byte(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"ro
 func learnt(t *testing.T, f *fleet) panel.ModelStatus {
 	t.Helper()
 	var st panel.ModelStatus
-	testrun.Eventually(t, 5*time.Second, "the prefill rate learnt", func() bool {
+	testrun.Eventually(t, 10*time.Second, "the prefill rate learnt", func() bool {
 		st = f.status(t)
 		return st.PrefillTokensPerSecond != nil && st.TurnSeconds != nil
 	})
@@ -53,11 +53,13 @@ func TestTurnMovesOffAFullReplicaThroughCaddy(t *testing.T) {
 	}
 
 	served := make([]string, 5)
+	gate, open := newGate(t)
 	var wg sync.WaitGroup
 	for i := range served {
-		wg.Go(func() { _, served[i] = f.post(t, bigBody, "X-Claude-Code-Session-Id", "big", holdHeader, "2s") })
-		testrun.Eventually(t, 5*time.Second, "the request in flight", func() bool { return f.status(t).InFlight == int64(i+1) })
+		wg.Go(func() { _, served[i] = f.post(t, bigBody, "X-Claude-Code-Session-Id", "big", gateHeader, gate) })
+		testrun.Eventually(t, 10*time.Second, "the request in flight", func() bool { return f.status(t).InFlight == int64(i+1) })
 	}
+	open()
 	wg.Wait()
 	moved := served[3]
 	if moved == home || served[0] != home || served[1] != home || served[2] != home || served[4] != moved {
@@ -96,7 +98,7 @@ func TestEvictedConversationMovesThroughCaddy(t *testing.T) {
 	if status, served := f.post(t, bigBody, "X-Claude-Code-Session-Id", "filler", caddymodule.ReplicaHeader, pin.addr); status != http.StatusOK || served != home {
 		t.Fatalf("filler: status %d on %s, want 200 on %s", status, served, home)
 	}
-	testrun.Eventually(t, 5*time.Second, "two scrapes after the filler", func() bool { return pin.scrapes.Load() >= scrapes+2 })
+	testrun.Eventually(t, 10*time.Second, "two scrapes after the filler", func() bool { return pin.scrapes.Load() >= scrapes+2 })
 	learnt(t, f)
 	if again := f.turn(t, "conv"); again != home {
 		t.Fatalf("with both replicas idle the evicted conversation moved to %s: a tie keeps it on %s", again, home)
@@ -106,14 +108,16 @@ func TestEvictedConversationMovesThroughCaddy(t *testing.T) {
 	if status, served := f.post(t, bigBody, "X-Claude-Code-Session-Id", "filler-2", caddymodule.ReplicaHeader, pin.addr); status != http.StatusOK || served != home {
 		t.Fatalf("second filler: status %d on %s, want 200 on %s", status, served, home)
 	}
-	testrun.Eventually(t, 5*time.Second, "two scrapes after the second filler", func() bool { return pin.scrapes.Load() >= scrapes+2 })
+	testrun.Eventually(t, 10*time.Second, "two scrapes after the second filler", func() bool { return pin.scrapes.Load() >= scrapes+2 })
+	gate, open := newGate(t)
 	busy := make(chan struct{})
 	go func() {
 		defer close(busy)
-		f.post(t, bigBody, "X-Claude-Code-Session-Id", "busy", caddymodule.ReplicaHeader, pin.addr, holdHeader, "2s")
+		f.post(t, bigBody, "X-Claude-Code-Session-Id", "busy", caddymodule.ReplicaHeader, pin.addr, gateHeader, gate)
 	}()
-	testrun.Eventually(t, 5*time.Second, "the busy request in flight", func() bool { return f.status(t).InFlight == 1 })
+	testrun.Eventually(t, 10*time.Second, "the busy request in flight", func() bool { return f.status(t).InFlight == 1 })
 	moved := f.turn(t, "conv")
+	open()
 	<-busy
 	if moved == home {
 		t.Fatalf("with its cache evicted and its replica prefilling, conv stayed on %s", home)

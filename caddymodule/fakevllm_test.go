@@ -63,11 +63,45 @@ type seenRequest struct {
 }
 
 // holdHeader asks the fake to keep the stream open that long before its
-// reply; lingerHeader, that long after its last event.
+// reply; gateHeader, until the test opens the gate it names (newGate);
+// lingerGateHeader, after its last event until the gate it names opens.
 const (
-	holdHeader   = "X-Test-Hold"
-	lingerHeader = "X-Test-Linger"
+	holdHeader       = "X-Test-Hold"
+	gateHeader       = "X-Test-Gate"
+	lingerGateHeader = "X-Test-Linger-Gate"
 )
+
+// gates are the gates of gateHeader by name, each a channel closed when it
+// opens.
+var (
+	gates     sync.Map
+	gateCount atomic.Int64
+)
+
+// newGate is a gate for gateHeader: requests that name it are held, after
+// their first event, until open is called or the test ends.
+func newGate(t *testing.T) (name string, open func()) {
+	name = fmt.Sprint("gate-", gateCount.Add(1))
+	ch := make(chan struct{})
+	gates.Store(name, ch)
+	open = sync.OnceFunc(func() { close(ch) })
+	t.Cleanup(func() {
+		open()
+		gates.Delete(name)
+	})
+	return name, open
+}
+
+// inFlight is the number of requests the backends are serving.
+func inFlight(backends ...*fakeVLLM) int64 {
+	var n int64
+	for _, b := range backends {
+		for e := range b.running {
+			n += b.running[e].Load()
+		}
+	}
+	return n
+}
 
 // stopReasonHeader sets the reply's stop_reason (end_turn without it): a
 // tool_use turn keeps its conversation resident for linger under load
@@ -133,6 +167,9 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 	flusher := w.(http.Flusher)
 	fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\"}\n\n")
 	flusher.Flush()
+	if !waitGate(r, gateHeader) {
+		return
+	}
 	select {
 	case <-time.After(hold):
 	case <-r.Context().Done():
@@ -143,12 +180,25 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":%q},"+
 		"\"usage\":{\"input_tokens\":%d,\"cache_read_input_tokens\":%d,\"output_tokens\":1}}\n\n", stop, len(body)-cached, cached)
 	fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
-	if linger, _ := time.ParseDuration(r.Header.Get(lingerHeader)); linger > 0 {
+	if r.Header.Get(lingerGateHeader) != "" {
 		flusher.Flush()
-		select {
-		case <-time.After(linger):
-		case <-r.Context().Done():
-		}
+		waitGate(r, lingerGateHeader)
+	}
+}
+
+// waitGate waits until the gate the request's header names opens, and
+// reports false if its client left first. A gate not named, or unknown, is
+// open.
+func waitGate(r *http.Request, header string) bool {
+	gate, ok := gates.Load(r.Header.Get(header))
+	if !ok {
+		return true
+	}
+	select {
+	case <-gate.(chan struct{}):
+		return true
+	case <-r.Context().Done():
+		return false
 	}
 }
 

@@ -41,6 +41,7 @@ type recordingBackend struct {
 	fake *fakeVLLM // the server behind it
 
 	hugeMetrics atomic.Bool
+	hugeServed  atomic.Int64 // huge /metrics begun
 
 	mu       sync.Mutex
 	received []receivedRequest
@@ -67,6 +68,7 @@ func startRecordingBackend(t *testing.T, name string) *recordingBackend {
 	b.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path == "/metrics" && b.hugeMetrics.Load():
+			b.hugeServed.Add(1)
 			serveHugeMetrics(w)
 			return
 		case r.URL.Path == "/v1/messages":
@@ -421,7 +423,8 @@ func TestHugeMetricsBody(t *testing.T) {
 		}
 		return false
 	})
-	time.Sleep(time.Second) // ten more scrapes of 50 MB
+	served := b.hugeServed.Load()
+	testrun.Eventually(t, 30*time.Second, "ten more scrapes of 50 MB", func() bool { return b.hugeServed.Load() >= served+10 })
 	for i := range 10 {
 		code, backend := f.post(t, []byte(smallBody), "X-Claude-Code-Session-Id", fmt.Sprintf("huge-%d", i))
 		if code != http.StatusOK || backend != "a/0" {
@@ -479,7 +482,7 @@ func TestSessionIDsDoNotLeak(t *testing.T) {
 		t.Errorf("the example's log filter hashes %v, want sessionkey.IDHeaders %v", hashed, want)
 	}
 	// A request that carries every one of them, each with its own ID.
-	idHeaders := []string{holdHeader, "2s"}
+	var idHeaders []string
 	for i, name := range sessionkey.IDHeaders {
 		idHeaders = append(idHeaders, name, fmt.Sprintf("leak-check-%d-%s", i, strings.ToLower(name)))
 	}
@@ -493,20 +496,27 @@ func TestSessionIDsDoNotLeak(t *testing.T) {
 			f, log := startRecordedFleet(t, setup, a, b)
 			f.post(t, []byte(smallBody), "X-Claude-Code-Session-Id", headerID)
 			f.post(t, []byte(`{"metadata":{"user_id":"{\"session_id\":\"`+bodyID+`\"}"},"messages":[]}`))
-			// An aborted stream makes reverse_proxy log the request with its headers.
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			if resp, err := f.send(ctx, headerID, holdHeader, "2s"); err == nil {
+			// An aborted stream makes reverse_proxy log the request with its
+			// headers: each is held open until its client leaves, once the
+			// stream has begun.
+			gate, _ := newGate(t)
+			abort := func(header ...string) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				resp, err := f.send(ctx, "", append(header, gateHeader, gate)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cancel()
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
-			cancel()
-			ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
-			if resp, err := f.send(ctx, "", idHeaders...); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			cancel()
-			time.Sleep(300 * time.Millisecond) // the log line and a few scrapes
+			abort("X-Claude-Code-Session-Id", headerID)
+			abort(idHeaders...)
+			scrapes := a.fake.scrapes.Load()
+			testrun.Eventually(t, 10*time.Second, "both aborted streams logged and a few scrapes", func() bool {
+				return strings.Count(log.String(), "aborting with incomplete response") >= 2 && a.fake.scrapes.Load() >= scrapes+3
+			})
 			outputs := map[string]string{}
 			for _, path := range []string{"/warden/models", "/warden/models/m", "/metrics", "/config/"} {
 				resp, err := http.Get("http://" + f.caddy.Admin + path)
@@ -525,11 +535,11 @@ func TestSessionIDsDoNotLeak(t *testing.T) {
 				t.Fatal("the aborted stream was not logged: the check proves nothing")
 			}
 			ids := []string{headerID, bodyID}
-			for i := 3; i < len(idHeaders); i += 2 {
+			for i := 1; i < len(idHeaders); i += 2 {
 				ids = append(ids, idHeaders[i])
 			}
 			if !filtered {
-				for i := 2; i < len(idHeaders); i += 2 {
+				for i := 0; i < len(idHeaders); i += 2 {
 					if !strings.Contains(caddyLog, idHeaders[i+1]) {
 						t.Errorf("without the filter Caddy's log does not show %s: the check proves nothing for it", idHeaders[i])
 					}

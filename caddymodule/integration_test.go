@@ -153,19 +153,35 @@ func addresses(backends []*fakeVLLM) []string {
 	return out
 }
 
-// pinAll sends the first turns of convs together, held open so that they
-// are placed side by side, and returns the engine each went to.
+// pinAll sends the first turns of convs together, held open until all are
+// placed, so that they are placed side by side, and returns the engine
+// each went to.
 func pinAll(t *testing.T, f *fleet, convs []string) map[string]string {
 	t.Helper()
 	home := map[string]string{}
 	var mu sync.Mutex
-	testrun.Concurrently(len(convs), func(i int) {
-		served := f.turn(t, convs[i], holdHeader, "50ms")
+	heldTogether(t, f, len(convs), func(i int, hold ...string) {
+		served := f.turn(t, convs[i], hold...)
 		mu.Lock()
 		home[convs[i]] = served
 		mu.Unlock()
 	})
 	return home
+}
+
+// heldTogether runs n requests at once, each sent by send with the header
+// that holds it open: all are held at their replica until warden has
+// routed every one of them.
+func heldTogether(t *testing.T, f *fleet, n int, send func(i int, hold ...string)) {
+	t.Helper()
+	gate, open := newGate(t)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { send(i, gateHeader, gate) })
+	}
+	testrun.Eventually(t, 10*time.Second, fmt.Sprintf("%d requests in flight", n), func() bool { return f.status(t).InFlight == int64(n) })
+	open()
+	wg.Wait()
 }
 
 func (f *fleet) status(t *testing.T) panel.ModelStatus {
@@ -272,7 +288,7 @@ func TestReplicasMode(t *testing.T) {
 		}
 		before := spilled(f.status(t))
 		pin := f.turn(t, "spill")
-		testrun.Concurrently(6, func(int) { f.turn(t, "spill", holdHeader, "400ms") })
+		heldTogether(t, f, 6, func(_ int, hold ...string) { f.turn(t, "spill", hold...) })
 		engines := sessionsSeen(backends...)["spill"]
 		if len(engines) < 2 {
 			t.Errorf("6 concurrent requests over threshold 2 stayed on %v", engines)
@@ -300,8 +316,8 @@ func TestReplicasMode(t *testing.T) {
 		}
 		servedBy := map[string]int{}
 		var mu sync.Mutex
-		testrun.Concurrently(6, func(int) {
-			served := f.turn(t, convs[0], holdHeader, "300ms")
+		heldTogether(t, f, 6, func(_ int, hold ...string) {
+			served := f.turn(t, convs[0], hold...)
 			mu.Lock()
 			servedBy[served]++
 			mu.Unlock()
@@ -347,7 +363,7 @@ func TestReplicasMode(t *testing.T) {
 				resp.Body.Close()
 			}
 		})
-		testrun.Eventually(t, 5*time.Second, "in flight back to 0", func() bool {
+		testrun.Eventually(t, 10*time.Second, "in flight back to 0", func() bool {
 			st := f.status(t)
 			for _, r := range st.Replicas {
 				if r.InFlight != 0 {
@@ -371,11 +387,11 @@ func TestRanksMode(t *testing.T) {
 	f := startFleet(t, "server {server} ranks 4", server)
 	convs := testrun.Sessions("rank", 12)
 	for turn := range 3 {
-		testrun.Concurrently(len(convs), func(i int) {
-			// A forged rank must be replaced by warden's own choice. The
-			// first turns are held open so that they are all in flight
-			// together, as in the replicas test.
-			f.turn(t, convs[i], "X-data-parallel-rank", fmt.Sprint((i+turn)%4), holdHeader, "50ms")
+		// A forged rank must be replaced by warden's own choice. The turns
+		// are held until all are routed, so that the first ones are placed
+		// side by side, as in the replicas test.
+		heldTogether(t, f, len(convs), func(i int, hold ...string) {
+			f.turn(t, convs[i], append([]string{"X-data-parallel-rank", fmt.Sprint((i + turn) % 4)}, hold...)...)
 		})
 	}
 	perRank := map[string]int{}

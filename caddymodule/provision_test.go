@@ -21,7 +21,7 @@ import (
 func TestInvalidModelIsRefusedBeforeItIsBuilt(t *testing.T) {
 	testrun.CaddyHome(t)
 	for _, ranks := range []int{-1, 0, 100_000_000} {
-		cfg := fmt.Sprintf(`{"admin":{"disabled":true},"apps":{"warden":{"models":{"m":{"server":{"address":"127.0.0.1:1","ranks":%d}}}}}}`, ranks)
+		cfg := fmt.Sprintf(`{"admin":{"disabled":true,"config":{"persist":false}},"apps":{"warden":{"models":{"m":{"server":{"address":"127.0.0.1:1","ranks":%d}}}}}}`, ranks)
 		err := caddy.Load([]byte(cfg), true)
 		if err == nil || !strings.Contains(err.Error(), "needs ranks from 1 to 256") {
 			t.Errorf("ranks %d: %v, want the load refused for its ranks", ranks, err)
@@ -58,7 +58,7 @@ func TestWaitHistogramFollowsTheRunningModels(t *testing.T) {
 	}
 	load := func(model string) {
 		t.Helper()
-		cfg := fmt.Sprintf(`{"admin":{"disabled":true},"apps":{"warden":{"models":{%q:{"replicas":[{"address":"127.0.0.1:1"}],"load_control":{"enabled":true}}}}}}`, model)
+		cfg := fmt.Sprintf(`{"admin":{"disabled":true,"config":{"persist":false}},"apps":{"warden":{"models":{%q:{"replicas":[{"address":"127.0.0.1:1"}],"load_control":{"enabled":true}}}}}}`, model)
 		if err := caddy.Load([]byte(cfg), true); err != nil {
 			t.Fatal(err)
 		}

@@ -102,10 +102,11 @@ func TestRejectedReloadChangesNothing(t *testing.T) {
 					after.SpillThreshold, after.Affinity, len(after.Replicas), before.Requests, after.Requests, before.Sessions, after.Sessions)
 			}
 			// The third server is not polled (a load that failed in Start
-			// may have polled it for a moment).
-			time.Sleep(300 * time.Millisecond)
+			// may have polled it for a moment): while the running config's
+			// servers are polled twice, then three times more, it is not.
+			pollRounds(t, 2, a, b)
 			settled := c.scrapes.Load()
-			time.Sleep(500 * time.Millisecond)
+			pollRounds(t, 3, a, b)
 			if got := c.scrapes.Load(); got != settled || (tc.name != "in another app, at start" && got != scrapesBefore) {
 				t.Fatalf("the rejected config's server is polled: %d scrapes before, %d, then %d", scrapesBefore, settled, got)
 			}
@@ -130,11 +131,28 @@ func TestRejectedReloadChangesNothing(t *testing.T) {
 			t.Fatalf("after the load: threshold %d, affinity %v, %d replicas, sessions %d (was %d), requests %d (was %d)",
 				st.SpillThreshold, st.Affinity, len(st.Replicas), st.Sessions, before.Sessions, st.Requests, before.Requests)
 		}
-		testrun.Eventually(t, 5*time.Second, "the new server polled", func() bool { return c.scrapes.Load() > 0 })
+		testrun.Eventually(t, 10*time.Second, "the new server polled", func() bool { return c.scrapes.Load() > 0 })
 		f.turn(t, sessions[0])
 		if got := unpinned(f.status(t)) - unpinned(st); got != 1 {
 			t.Fatalf("affinity off: %d requests placed by load, want 1", got)
 		}
+	})
+}
+
+// pollRounds waits until each of the servers has been scraped n times more.
+func pollRounds(t *testing.T, n int64, servers ...*fakeVLLM) {
+	t.Helper()
+	from := make([]int64, len(servers))
+	for i, s := range servers {
+		from[i] = s.scrapes.Load()
+	}
+	testrun.Eventually(t, 10*time.Second, fmt.Sprintf("%d more scrapes of each server", n), func() bool {
+		for i, s := range servers {
+			if s.scrapes.Load() < from[i]+n {
+				return false
+			}
+		}
+		return true
 	})
 }
 

@@ -35,7 +35,7 @@ func TestSharedPrefixLearnedThroughCaddy(t *testing.T) {
 
 	// The requests' estimate stands for it until four replies told it.
 	var shared int
-	testrun.Eventually(t, 2*time.Second, "load_control.shared_prefix_tokens read from the replies", func() bool {
+	testrun.Eventually(t, 10*time.Second, "load_control.shared_prefix_tokens read from the replies", func() bool {
 		lc := f.status(t).LoadControl
 		if lc.SharedPrefixTokens != nil {
 			shared = *lc.SharedPrefixTokens
@@ -110,7 +110,7 @@ func TestSharedPrefixReadFromRequestsThroughCaddy(t *testing.T) {
 func repliesRead(t *testing.T, f *fleet, n uint64) panel.ModelStatus {
 	t.Helper()
 	var st panel.ModelStatus
-	testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d replies read", n), func() bool {
+	testrun.Eventually(t, 10*time.Second, fmt.Sprintf("%d replies read", n), func() bool {
 		st = f.status(t)
 		return st.LoadControl.Replies.Read >= n
 	})

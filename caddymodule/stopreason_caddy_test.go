@@ -129,7 +129,7 @@ func TestTaskEndFreesResidencyThroughCaddy(t *testing.T) {
 		}
 		// The request's end reaches load control just after its
 		// client read the reply.
-		testrun.Eventually(t, 2*time.Second, fmt.Sprintf("%d resident and %d tasks ended after %s (%s)", s.residents, s.ended, s.conv, s.says), func() bool {
+		testrun.Eventually(t, 10*time.Second, fmt.Sprintf("%d resident and %d tasks ended after %s (%s)", s.residents, s.ended, s.conv, s.says), func() bool {
 			n, ended := residents(f)
 			return n == s.residents && ended == s.ended
 		})
@@ -163,7 +163,7 @@ func TestRepliesUsageThroughCaddy(t *testing.T) {
 		}
 	}
 	var got panel.ReplyUsageStatus
-	testrun.Eventually(t, 2*time.Second, "6 replies read, at least the 3 second turns' with a cached part", func() bool {
+	testrun.Eventually(t, 10*time.Second, "6 replies read, at least the 3 second turns' with a cached part", func() bool {
 		got = f.status(t).LoadControl.Replies
 		return got.Read == 6 && got.CacheReported >= 3
 	})
@@ -196,8 +196,9 @@ func TestReplyReadWhenItsClientLeavesAtItsLastEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	gate, open := newGate(t)
 	req.Header.Set("X-Claude-Code-Session-Id", "a")
-	req.Header.Set(lingerHeader, "3s")
+	req.Header.Set(lingerGateHeader, gate)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -206,12 +207,13 @@ func TestReplyReadWhenItsClientLeavesAtItsLastEvent(t *testing.T) {
 	for events.Scan() && !strings.Contains(events.Text(), `"message_stop"`) {
 	}
 	resp.Body.Close()
-	// Before the upstream's stream ends (3 s), the reply's end_turn and
-	// usage are read.
-	testrun.Eventually(t, 2*time.Second, "1 task ended and 1 reply read", func() bool {
+	// The upstream's stream stays open until the gate opens: the reply's
+	// end_turn and usage are read before it ends.
+	testrun.Eventually(t, 10*time.Second, "1 task ended and 1 reply read", func() bool {
 		got := f.status(t).LoadControl
 		return got.TaskEnded == 1 && got.Replies.Read == 1
 	})
+	open()
 }
 
 func deref(p *float64) any {
@@ -233,7 +235,7 @@ func TestRepliesOfACompressingUpstreamAreRead(t *testing.T) {
 			t.Fatalf("%s: the reply the client read has no message_stop:\n%.300s", conv, out)
 		}
 	}
-	testrun.Eventually(t, 2*time.Second, "both replies read", func() bool { return f.status(t).LoadControl.Replies.Read == 2 })
+	testrun.Eventually(t, 10*time.Second, "both replies read", func() bool { return f.status(t).LoadControl.Replies.Read == 2 })
 }
 
 // gzipping is a proxy in front of addr that answers every request that
