@@ -11,15 +11,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-func init() {
-	caddy.RegisterModule(ModelList{})
-	httpcaddyfile.RegisterHandlerDirective("warden_models", parseModelListDirective)
-	httpcaddyfile.RegisterDirectiveOrder("warden_models", httpcaddyfile.Before, "handle")
-}
+func init() { registerHandler[ModelList]("warden_models", "handle") }
 
 // ModelList (`warden_models` in a Caddyfile) answers `GET /v1/models`, and
 // `GET /v1/models/<name>`, with the names of the warden models a site
@@ -60,12 +55,6 @@ func (l *ModelList) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("warden_models takes no block, found %q", d.Val())
 	}
 	return nil
-}
-
-func parseModelListDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	l := new(ModelList)
-	err := l.UnmarshalCaddyfile(h.Dispenser)
-	return l, err
 }
 
 // modelEntry is one name in the list: OpenAI's fields (id, object,

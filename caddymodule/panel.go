@@ -13,11 +13,7 @@ import (
 	"github.com/lmwarden/caddy-warden/panel"
 )
 
-func init() {
-	caddy.RegisterModule(Panel{})
-	httpcaddyfile.RegisterHandlerDirective("warden_panel", parsePanelDirective)
-	httpcaddyfile.RegisterDirectiveOrder("warden_panel", httpcaddyfile.Before, "respond")
-}
+func init() { registerHandler[Panel]("warden_panel", "respond") }
 
 // Panel is the operator's page (`warden_panel` in a Caddyfile): per model,
 // the routing badges, one row per replica, the counters' start and a chart
@@ -59,10 +55,25 @@ func noOptions(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func parsePanelDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	p := new(Panel)
-	err := p.UnmarshalCaddyfile(h.Dispenser)
-	return p, err
+// handlerModule is a handler module whose Caddyfile directive is its own
+// syntax.
+type handlerModule[H any] interface {
+	*H
+	caddyhttp.MiddlewareHandler
+	caddyfile.Unmarshaler
+}
+
+// registerHandler registers the handler module H and its Caddyfile
+// directive, ordered before another directive.
+func registerHandler[H caddy.Module, P handlerModule[H]](directive, before string) {
+	var module H
+	caddy.RegisterModule(module)
+	httpcaddyfile.RegisterHandlerDirective(directive, func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		m := P(new(H))
+		err := m.UnmarshalCaddyfile(h.Dispenser)
+		return m, err
+	})
+	httpcaddyfile.RegisterDirectiveOrder(directive, httpcaddyfile.Before, before)
 }
 
 // ServeHTTP answers GET and HEAD with the page or its JSON twin.

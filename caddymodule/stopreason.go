@@ -8,15 +8,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-func init() {
-	caddy.RegisterModule(StopReason{})
-	httpcaddyfile.RegisterHandlerDirective("warden_stop_reason", parseStopReasonDirective)
-	httpcaddyfile.RegisterDirectiveOrder("warden_stop_reason", httpcaddyfile.Before, "reverse_proxy")
-}
+func init() { registerHandler[StopReason]("warden_stop_reason", "reverse_proxy") }
 
 // StopReason (`warden_stop_reason` in a Caddyfile, before the
 // reverse_proxy whose lb_policy is warden) reads each reply's stop reason
@@ -41,12 +36,6 @@ func (StopReason) CaddyModule() caddy.ModuleInfo {
 
 // UnmarshalCaddyfile reads `warden_stop_reason`, which takes no arguments.
 func (s *StopReason) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { return noOptions(d) }
-
-func parseStopReasonDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	s := new(StopReason)
-	err := s.UnmarshalCaddyfile(h.Dispenser)
-	return s, err
-}
 
 // Provision tells the warden app of its config, if it has one, that the
 // replies are read (checkRepliesRead).
