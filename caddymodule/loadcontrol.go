@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/lmwarden/caddy-warden/inflight"
 	"github.com/lmwarden/caddy-warden/metrics"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/readahead"
@@ -31,11 +32,11 @@ const (
 // now, and holds it in the request's own goroutine while it must wait. It
 // reports false when the turn must not be sent: the queue is full, or its
 // client left while it waited.
-func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, pool reverseproxy.UpstreamPool) bool {
+func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Request, pool reverseproxy.UpstreamPool) bool {
 	if !p.view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
-	if held.id.Auxiliary {
+	if held.ID.Auxiliary {
 		return true // a side call the agent names: small, and its own prompt
 	}
 	if countsTokens(r) {
@@ -48,8 +49,8 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inFlight, p
 	start := p.clock.Now()
 	// The ticket keeps usable: other requests' ends admit the turn with it.
 	usable := func(addr string) bool { return p.usable(pool, addr) }
-	t := p.view.Admit(held.id.Key, held.body, usable, start, func() { close(ready) })
-	held.ticket = t
+	t := p.view.Admit(held.ID.Key, held.Body, usable, start, func() { close(ready) })
+	held.Ticket = t
 	if t == nil {
 		return true // affinity off, or no key to hold the turn by
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
-	"github.com/lmwarden/caddy-warden/replyend"
+	"github.com/lmwarden/caddy-warden/inflight"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -40,7 +40,7 @@ const (
 	varRank     = "warden.rank"
 	varReplica  = "warden.replica"
 	varOutcome  = "warden.outcome"
-	varInFlight = "warden.in_flight" // *inFlight, internal; renders as ""
+	varInFlight = "warden.in_flight" // *inflight.Request, internal; renders as ""
 	// varKeySource says how the conversation was keyed: header, body,
 	// fingerprint, or none.
 	varKeySource = "warden.key_source"
@@ -126,108 +126,6 @@ var keySources = [...]any{
 	sessionkey.Body: sessionkey.Body.String(), sessionkey.Fingerprint: sessionkey.Fingerprint.String(),
 }
 
-// inFlight holds a request's current decision, so that a retry gives back
-// the failed try's in-flight count and the request's end gives back the
-// last, and its turn's place with load control, which the request's end
-// ends. It also keeps the conversation's identity (hashed keys), read once
-// per request; String hides it from placeholders such as
-// {http.vars.warden.in_flight}.
-type inFlight struct {
-	id sessionkey.Identity
-	// ticket is set on the first try, before the request's end can run
-	// release; turnedAway is set then when load control refused the turn
-	// or its client left while it waited, so that no retry sends it.
-	ticket     *selection.Ticket
-	turnedAway bool
-	// body is the request body's size.
-	body selection.Body
-	// reply is what warden_stop_reason reads of the reply as it streams,
-	// and release takes what it has read by then: a client may hang up at
-	// the reply's last event, ending the request before the handler
-	// returns.
-	replyMu sync.Mutex
-	reply   *replyend.Scanner
-
-	// d is the current try's decision; ended is set when the request ended
-	// (its client may leave while a try is routed, or before Caddy's
-	// retry), after which no decision may be kept.
-	mu    sync.Mutex
-	d     selection.Decision
-	ended bool
-}
-
-func (*inFlight) String() string { return "" }
-
-// set makes d the request's decision and releases the previous try's. It
-// reports false, and releases d at once, when the request has ended.
-func (f *inFlight) set(d selection.Decision) bool {
-	f.mu.Lock()
-	old, ended := f.d, f.ended
-	if !ended {
-		f.d = d
-	}
-	f.mu.Unlock()
-	old.Release()
-	if ended {
-		d.Release()
-	}
-	return !ended
-}
-
-// over reports whether the request has ended.
-func (f *inFlight) over() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.ended
-}
-
-// needsUsage reports whether the current decision reads the reply's usage.
-func (f *inFlight) needsUsage() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.d.NeedsUsage()
-}
-
-// readReply feeds the reply's next bytes to what release reads of it.
-func (f *inFlight) readReply(p []byte) {
-	f.replyMu.Lock()
-	defer f.replyMu.Unlock()
-	if f.reply == nil {
-		f.reply = new(replyend.Scanner)
-	}
-	f.reply.Write(p)
-}
-
-// replyRead is what the reply told so far: whether it ended the agent's
-// task, and its usage (the prompt's size, its cached part, the reply's
-// size). It is zero for a reply not read.
-func (f *inFlight) replyRead() selection.Reply {
-	f.replyMu.Lock()
-	defer f.replyMu.Unlock()
-	if f.reply == nil {
-		return selection.Reply{}
-	}
-	u := f.reply.Usage()
-	return selection.Reply{
-		TaskEnded:    f.reply.TaskEnded(),
-		PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CacheReported: u.CacheReported,
-		OutputTokens: u.OutputTokens,
-	}
-}
-
-// release ends the request at now. It gives back the in-flight count
-// first, so that a turn load control admits in the room the ticket's end
-// frees sees it.
-func (f *inFlight) release(now time.Time) {
-	reply := f.replyRead()
-	f.mu.Lock()
-	d := f.d
-	f.d, f.ended = selection.Decision{}, true
-	f.mu.Unlock()
-	d.End(now, reply)
-	f.ticket.End(now, reply)
-}
-
 // Select picks the upstream of the replica chosen for r. It runs for every
 // try of every request, so it does no I/O beyond the optional bounded body
 // scan on the first try, and blocks only there, in the request's own
@@ -235,38 +133,38 @@ func (f *inFlight) release(now time.Time) {
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	cfg := p.cfg
 	ctx := r.Context()
-	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inFlight)
+	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inflight.Request)
 	if !retry {
-		held = &inFlight{id: sessionKey(r, cfg)}
+		held = &inflight.Request{ID: sessionKey(r, cfg)}
 		caddyhttp.SetVar(ctx, varInFlight, held)
-		caddyhttp.SetVar(ctx, varKeySource, keySources[held.id.Source])
+		caddyhttp.SetVar(ctx, varKeySource, keySources[held.ID.Source])
 	}
-	if held.turnedAway || retry && held.over() {
+	if held.TurnedAway || retry && held.Over() {
 		return nil // a retry after its client left sends nothing
 	}
-	req := routeRequest(held.id)
+	req := held.Routing()
 	req.ClientReplica = clientReplica(r, cfg)
 	req.Usable = func(addr string) bool { return p.usable(pool, addr) }
 	if !retry {
 		// A client that chose its replica is not held: load control would
 		// count its conversation where it admits it, not where it goes.
-		held.body = requestBody(r) // once: a retry is the same prompt
-		if p.view.WantsPrefix(held.id.Key) {
-			readPrefix(r, &held.body)
+		held.Body = requestBody(r) // once: a retry is the same prompt
+		if p.view.WantsPrefix(held.ID.Key) {
+			readPrefix(r, &held.Body)
 		}
 		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
-			held.turnedAway = true
+			held.TurnedAway = true
 			return nil
 		}
-		context.AfterFunc(ctx, func() { held.release(p.clock.Now()) })
+		context.AfterFunc(ctx, func() { held.Release(p.clock.Now()) })
 	}
-	req.PromptTokens, req.Prefix = p.view.EstimateTokens(held.body.Bytes), held.body.Prefix
+	req.PromptTokens, req.Prefix = p.view.EstimateTokens(held.Body.Bytes), held.Body.Prefix
 	req.CountOnly = countsTokens(r)
 	req.Now = p.clock.Now()
 	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,
 		// unless an allowed client chose its rank.
-		if !held.set(selection.Decision{}) {
+		if !held.Set(selection.Decision{}) {
 			return nil
 		}
 		r.Header.Del(rankKey)
@@ -278,7 +176,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		return u
 	}
 	d := p.view.Pick(req)
-	if !held.set(d) {
+	if !held.Set(d) {
 		return nil // its client left while it was routed
 	}
 	rep, ok := d.Replica()

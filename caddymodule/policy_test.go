@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/lmwarden/caddy-warden/fleet"
+	"github.com/lmwarden/caddy-warden/inflight"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -239,8 +240,8 @@ func TestSelectDefaultHeaderOrder(t *testing.T) {
 	for i := 0; i < len(all); i += 2 {
 		r, _ := newProxyRequest(t, all[i:]...)
 		fx.p.Select(pl, r, nil)
-		held, ok := caddyhttp.GetVar(r.Context(), varInFlight).(*inFlight)
-		if !ok || held.id.Key != sessionkey.Hash(all[i+1]) {
+		held, ok := caddyhttp.GetVar(r.Context(), varInFlight).(*inflight.Request)
+		if !ok || held.ID.Key != sessionkey.Hash(all[i+1]) {
 			t.Errorf("with %v: key %+v, want %q", all[i:], held, all[i+1])
 		}
 	}

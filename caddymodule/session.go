@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/lmwarden/caddy-warden/readahead"
-	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
@@ -22,16 +21,4 @@ func sessionKey(r *http.Request, cfg *ModelConfig) sessionkey.Identity {
 		return sessionkey.Identity{}
 	}
 	return sessionkey.ReadBody(readahead.Head(r, cfg.bodyScanBytes()), ids, fingerprint)
-}
-
-// routeRequest is what selection needs from a request's identity.
-func routeRequest(id sessionkey.Identity) selection.Request {
-	req := selection.Request{Hash: id.Key, Parent: id.Parent, Continues: id.Continues, Renamed: id.Renamed}
-	switch id.Hint {
-	case sessionkey.Compacting:
-		req.Compaction = selection.Compacting
-	case sessionkey.Compacted:
-		req.Compaction = selection.CompactedPrefix
-	}
-	return req
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/lmwarden/caddy-warden/inflight"
 )
 
 func init() { registerHandler[StopReason]("warden_stop_reason", "reverse_proxy") }
@@ -88,7 +90,7 @@ func (StopReason) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return next.ServeHTTP(&stopReasonWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, r: r}, r)
 }
 
-// stopReasonWriter hands what the reply writes to its request's inFlight,
+// stopReasonWriter hands what the reply writes to its inflight.Request,
 // once it knows the request holds a ticket or goes to a replica whose KV
 // cache events warden follows: warden's Select has run by the reply's
 // first write.
@@ -96,7 +98,7 @@ type stopReasonWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	r       *http.Request
 	checked bool
-	held    *inFlight
+	held    *inflight.Request
 }
 
 // WriteHeader looks at the final reply's headers (not an interim 1xx's)
@@ -111,7 +113,7 @@ func (w *stopReasonWriter) WriteHeader(status int) {
 func (w *stopReasonWriter) Write(p []byte) (int, error) {
 	w.check()
 	if w.held != nil {
-		w.held.readReply(p)
+		w.held.ReadReply(p)
 	}
 	return w.ResponseWriterWrapper.Write(p)
 }
@@ -128,7 +130,7 @@ func (w *stopReasonWriter) check() {
 	if enc := w.Header().Get("Content-Encoding"); enc != "" && enc != "identity" {
 		return
 	}
-	if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inFlight); ok && (held.ticket != nil || held.needsUsage()) {
+	if held, ok := caddyhttp.GetVar(w.r.Context(), varInFlight).(*inflight.Request); ok && (held.Ticket != nil || held.NeedsUsage()) {
 		w.held = held
 	}
 }
