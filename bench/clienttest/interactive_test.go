@@ -2,6 +2,7 @@ package clienttest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -165,10 +166,14 @@ type terminal struct {
 	mu     sync.Mutex
 	screen bytes.Buffer // all it printed, escape sequences included
 	exited chan struct{}
+	// timeout ends shortly before go test's -timeout (untilTimeout): the waits on the CLI
+	// have no bound of their own.
+	timeout context.Context
 }
 
-// terminalTimeout bounds each wait on the CLI.
-const terminalTimeout = 90 * time.Second
+// retypeEvery is how long typeLine waits for a line typed to show before it types the line
+// again: keys typed while the CLI is still drawing its input box are lost.
+const retypeEvery = 5 * time.Second
 
 func startTerminal(t *testing.T, bin, dir string, env []string, args ...string) *terminal {
 	t.Helper()
@@ -178,7 +183,7 @@ func startTerminal(t *testing.T, bin, dir string, env []string, args ...string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	term := &terminal{pty: f, cmd: cmd, exited: make(chan struct{})}
+	term := &terminal{pty: f, cmd: cmd, exited: make(chan struct{}), timeout: untilTimeout(t)}
 	go func() {
 		buf := make([]byte, 32<<10)
 		for {
@@ -218,41 +223,45 @@ func (term *terminal) printed() string {
 // waitFor polls cond until it holds; the CLI must not exit meanwhile.
 func (term *terminal) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(terminalTimeout)
 	for !cond() {
-		select {
-		case <-term.exited:
-			t.Fatalf("the CLI exited while waiting for %s", what)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, terminalTimeout)
-		}
+		term.pause(t, what, nil)
 	}
 }
 
+// pause waits a moment, or until retry fires (it then reports true), and fails the test if
+// the CLI exited or the run is about to time out while it was waiting for what.
+func (term *terminal) pause(t *testing.T, what string, retry <-chan time.Time) (retried bool) {
+	t.Helper()
+	select {
+	case <-term.exited:
+		t.Fatalf("the CLI exited while waiting for %s", what)
+	case <-term.timeout.Done():
+		t.Fatalf("no %s before go test's -timeout", what)
+	case <-retry:
+		return true
+	case <-time.After(100 * time.Millisecond):
+	}
+	return false
+}
+
 // typeLine types s and, once the CLI shows it, Enter, as a person would: an Enter that
-// comes with the text in one read is taken for part of a paste. Keys typed before the
-// input box is live are lost: the text is typed again (the box cleared first with
-// Ctrl-U) until it shows.
+// comes with the text in one read is taken for part of a paste. While the text does not
+// show, it is typed again every retypeEvery, the box cleared first with Ctrl-U, so that a
+// slow echo of an earlier try counts as well as the last one's.
 func (term *terminal) typeLine(t *testing.T, s string) {
 	t.Helper()
 	word := slices.MaxFunc(strings.Fields(s), func(a, b string) int { return len(a) - len(b) }) // drawn whole
-	deadline := time.Now().Add(terminalTimeout)
-	for shown := false; !shown; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the CLI did not show %q typed within %v", s, terminalTimeout)
-		}
-		from := len(term.printed())
+	from := len(term.printed())
+	shown := func() bool { return strings.Contains(term.printed()[from:], word) }
+	for !shown() {
 		if _, err := term.pty.WriteString("\x15" + s); err != nil {
 			t.Fatal(err)
 		}
-		for wait := time.Now().Add(5 * time.Second); !shown && time.Now().Before(wait); {
-			time.Sleep(100 * time.Millisecond)
-			shown = strings.Contains(term.printed()[from:], word)
+		retype := time.After(retypeEvery)
+		for retyped := false; !retyped && !shown(); {
+			retyped = term.pause(t, fmt.Sprintf("%q typed to show", s), retype)
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
 	if _, err := term.pty.WriteString("\r"); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +271,7 @@ func (term *terminal) waitExit(t *testing.T) {
 	t.Helper()
 	select {
 	case <-term.exited:
-	case <-time.After(terminalTimeout):
-		t.Fatalf("the CLI did not exit within %v", terminalTimeout)
+	case <-term.timeout.Done():
+		t.Fatal("the CLI did not exit before go test's -timeout")
 	}
 }
