@@ -235,6 +235,16 @@ func TestNewConversationStartsWhereItStartsSoonest(t *testing.T) {
 // silent less than three of the conversations' usual gaps between turns.
 func TestActiveWindowFollowsTheGapsBetweenTurns(t *testing.T) {
 	r := newTestRouter(1, Config{})
+	// A title request a second before its turn, then a few turns: too
+	// few gaps to shorten the window.
+	turn(t, r, "a", 0)
+	for i := 1; i < minGaps; i++ {
+		turn(t, r, "a", time.Duration(i)*time.Second)
+	}
+	if w := r.activeWindow(); w != DefaultActiveWindow {
+		t.Fatalf("after %d gaps of 1 s: active window %v, want the default %v", minGaps-1, w, DefaultActiveWindow)
+	}
+	r = newTestRouter(1, Config{})
 	for i := range 100 {
 		turn(t, r, "a", time.Duration(i)*5*time.Second)
 	}

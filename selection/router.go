@@ -98,6 +98,7 @@ type Router struct {
 	// end, and gapSeconds the time between a conversation's turns (from
 	// the start of one to the next), both smoothed (cost.go).
 	turnSeconds, gapSeconds smoothed
+	gaps                    atomic.Int64 // gaps folded into gapSeconds
 
 	requests  atomic.Uint64
 	unkeyed   atomic.Uint64
@@ -209,8 +210,14 @@ func (r *Router) observePrompt(tokens int) { r.typicalPrompt.observe(float64(tok
 func (r *Router) observeGap(nanos int64) {
 	if nanos > 0 {
 		r.gapSeconds.observe(float64(nanos)/1e9, promptSmoothing)
+		r.gaps.Add(1)
 	}
 }
+
+// minGaps is how many gaps between turns the learnt active window waits
+// for: the first few say little (a client's title request a second before
+// its turn is one).
+const minGaps = 20
 
 // activeWindowGaps is how many of its usual gaps between turns a
 // conversation may stay silent and still count as under way: it has
@@ -224,7 +231,7 @@ func (v *View) activeWindow() time.Duration {
 		return v.cfg.ActiveWindow
 	}
 	gap := v.router.gapSeconds.value()
-	if gap <= 0 {
+	if gap <= 0 || v.router.gaps.Load() < minGaps {
 		return DefaultActiveWindow
 	}
 	return min(DefaultActiveWindow, time.Duration(activeWindowGaps*gap*float64(time.Second)))
