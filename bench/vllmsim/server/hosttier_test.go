@@ -176,7 +176,8 @@ func TestHostTierOverHTTP(t *testing.T) {
 		`vllm:kv_offload_load_bytes_total{engine="0"}`:                             loaded,
 		`vllm:kv_offload_size{engine="0",transfer_type="CPU_to_GPU"}`:              1, // one load
 		`vllm:kv_offload_load_size{engine="0"}`:                                    1,
-		`vllm:kv_offload_total_time_total{engine="0",transfer_type="CPU_to_GPU"}`:  p.TransferTime(loaded).Seconds(),
+		// in wall seconds: the simulated transfer time over the time scale
+		`vllm:kv_offload_total_time_total{engine="0",transfer_type="CPU_to_GPU"}`: p.TransferTime(loaded).Seconds() / s.cfg.TimeScale,
 	} {
 		if got := delta(key); got != want {
 			t.Errorf("%s grew by %v, want %v", key, got, want)

@@ -76,6 +76,10 @@ func (c vllmCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	model := c.s.cfg.modelName()
 	p := c.s.cfg.Profile
+	// Times are reported in wall seconds, as the clients and warden see
+	// them: a server running simulated time faster is, to them, a faster
+	// GPU, and a rate learnt from simulated seconds would be that much off.
+	wall := func(simSeconds float64) float64 { return simSeconds / c.s.cfg.TimeScale }
 	for _, r := range c.s.engines {
 		st := r.stats()
 		rank := strconv.Itoa(r.rank)
@@ -100,16 +104,16 @@ func (c vllmCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(bySourceDesc, prometheus.CounterValue, value(float64(st.PromptTokensBySource[src])), model, rank, src.String())
 		}
 		if p.HostTier() {
-			c.collectOffload(ch, st, value, model, rank)
+			c.collectOffload(ch, st, value, wall, model, rank)
 		}
 		for _, reason := range engine.FinishReasons {
 			ch <- prometheus.MustNewConstMetric(successDesc, prometheus.CounterValue, value(float64(st.RequestSuccess[reason])), reason.String(), model, rank)
 		}
 		buckets := make(map[float64]uint64, len(engine.TTFTBuckets))
 		for i, le := range engine.TTFTBuckets {
-			buckets[le] = st.TTFT.Cumulative[i]
+			buckets[wall(le)] = st.TTFT.Cumulative[i]
 		}
-		ch <- prometheus.MustNewConstHistogram(ttftDesc, st.TTFT.Count, st.TTFT.Sum, buckets, model, rank)
+		ch <- prometheus.MustNewConstHistogram(ttftDesc, st.TTFT.Count, value(wall(st.TTFT.Sum)), buckets, model, rank)
 		ch <- prometheus.MustNewConstMetric(cacheConfigDesc, prometheus.GaugeValue, 1,
 			strconv.Itoa(p.BlockSize), "auto", "True", strconv.FormatFloat(p.GPUMemoryUtilization, 'g', -1, 64),
 			strconv.Itoa(p.KVCapacityTokens()), p.KVOffloadingBackend, offloadingSizeLabel(p), "0", strconv.Itoa(p.NumGPUBlocks), "sha256", rank)
@@ -118,7 +122,7 @@ func (c vllmCollector) Collect(ch chan<- prometheus.Metric) {
 
 // collectOffload sends an engine's host-tier transfer series. Those labelled by transfer_type
 // appear with the first transfer of their type, as in vLLM.
-func (c vllmCollector) collectOffload(ch chan<- prometheus.Metric, st engine.Stats, value func(float64) float64, model, rank string) {
+func (c vllmCollector) collectOffload(ch chan<- prometheus.Metric, st engine.Stats, value, wall func(float64) float64, model, rank string) {
 	for _, dir := range engine.Directions {
 		t := st.Offload[dir]
 		buckets := make(map[float64]uint64, len(engine.OffloadSizeBuckets))
@@ -127,13 +131,13 @@ func (c vllmCollector) collectOffload(ch chan<- prometheus.Metric, st engine.Sta
 		}
 		d := directionDescs[dir]
 		ch <- prometheus.MustNewConstMetric(d.bytes, prometheus.CounterValue, value(t.Bytes), model, rank)
-		ch <- prometheus.MustNewConstMetric(d.time, prometheus.CounterValue, value(t.Seconds), model, rank)
+		ch <- prometheus.MustNewConstMetric(d.time, prometheus.CounterValue, value(wall(t.Seconds)), model, rank)
 		ch <- prometheus.MustNewConstHistogram(d.size, t.Sizes.Count, t.Sizes.Sum, buckets, model, rank)
 		if t.Sizes.Count == 0 {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(offloadBytesDesc, prometheus.CounterValue, value(t.Bytes), model, rank, dir.String())
-		ch <- prometheus.MustNewConstMetric(offloadTimeDesc, prometheus.CounterValue, value(t.Seconds), model, rank, dir.String())
+		ch <- prometheus.MustNewConstMetric(offloadTimeDesc, prometheus.CounterValue, value(wall(t.Seconds)), model, rank, dir.String())
 		ch <- prometheus.MustNewConstHistogram(offloadSizeDesc, t.Sizes.Count, t.Sizes.Sum, buckets, model, rank, dir.String())
 	}
 }

@@ -3,7 +3,8 @@
 // or more data-parallel engines behind one port, and fault switches for reliability tests.
 //
 // Engines run in simulated time: a step the engine model says takes d takes d/TimeScale of
-// wall time, and every time the server reports (TTFT histogram) is simulated time.
+// wall time, and every time the server reports (TTFT histogram, offload times) is wall time,
+// as a client sees it.
 package server
 
 import (

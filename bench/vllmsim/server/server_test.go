@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/dplb"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
 )
 
@@ -633,5 +635,33 @@ func TestV026BalancerSeesPublishedLoad(t *testing.T) {
 			t.Errorf("%s: an unpinned request beside a busy engine 0 went to %s, want %s", tc.lb, got, tc.want)
 		}
 		cancel()
+	}
+}
+
+// A server running simulated time faster reports its times in wall seconds,
+// as its clients see them: warden learns a prefill rate from them, and one
+// taken from simulated seconds would be the time scale off.
+func TestReportedTimesAreWallSeconds(t *testing.T) {
+	const scale = 4
+	s := startServer(t, func(c *Config) { c.TimeScale = scale })
+	post(t, s, "/v1/messages", anthropicBody("", 4, user(words(1, 2000))))
+	simulated := s.engines[0].stats().TTFT.Sum
+	resp, err := http.Get(s.url("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := families["vllm:time_to_first_token_seconds"].GetMetric()[0].GetHistogram()
+	if simulated <= 0 || math.Abs(h.GetSampleSum()-simulated/scale) > 1e-9 {
+		t.Errorf("TTFT sum %v, want the simulated %v over the time scale %d", h.GetSampleSum(), simulated, scale)
+	}
+	b := h.GetBucket()
+	if first := b[0].GetUpperBound(); first != engine.TTFTBuckets[0]/scale {
+		t.Errorf("first TTFT bucket ≤ %v, want %v / %d", first, engine.TTFTBuckets[0], scale)
 	}
 }
