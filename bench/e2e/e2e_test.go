@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -64,15 +65,7 @@ func TestShortRun(t *testing.T) {
 		t.Errorf("warden: stayed %.1f%% with 2 sessions on 2 replicas", rows[1].StayedPercent)
 	}
 	admin := func(policy string) panel.ModelStatus {
-		raw, err := os.ReadFile(filepath.Join(dir, "admin-"+policy+"-2.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var status panel.ModelStatus
-		if err := json.Unmarshal(raw, &status); err != nil {
-			t.Fatal(err)
-		}
-		return status
+		return adminStatus(t, filepath.Join(dir, "admin-"+policy+"-2.json"))
 	}
 	// The product's farm preset, stagger scaled, as the lab runs it.
 	farm := admin(lab.PolicyAdmissionFarm).LoadControl
@@ -105,6 +98,7 @@ func TestInstancesShareRedisPins(t *testing.T) {
 	defer cancel()
 	w := agentload.DefaultConfig()
 	w.Turns = 4
+	dir := t.TempDir()
 	rows, err := Run(ctx, Options{
 		Topology:   TopologyServers,
 		Replicas:   3,
@@ -117,7 +111,7 @@ func TestInstancesShareRedisPins(t *testing.T) {
 		Policies:   []string{"warden"},
 		Seed:       1,
 		Workload:   w,
-		WorkDir:    t.TempDir(),
+		WorkDir:    dir,
 		Instances:  3,
 		PinStore:   PinStoreRedis,
 	})
@@ -132,7 +126,32 @@ func TestInstancesShareRedisPins(t *testing.T) {
 	if r.Requests < 10 || r.Errors != 0 {
 		t.Errorf("%d requests, %d errors", r.Requests, r.Errors)
 	}
-	if r.TurnsOnReplicaPercent < 99 {
-		t.Errorf("%.1f%% of turns on their conversation's replica, want ≥ 99%%", r.TurnsOnReplicaPercent)
+	// A turn may move for load, and one instance's move is the others' pin
+	// too: every turn served elsewhere than its conversation's previous turn
+	// is a move some instance made. An instance that lost track of a
+	// conversation would place it anew instead.
+	moves := 0
+	for i := range 3 {
+		for _, rep := range adminStatus(t, filepath.Join(dir, fmt.Sprintf("admin-warden-x3-redis-4-i%d.json", i))).Replicas {
+			moves += int(rep.SpilledIn + rep.Rehomed + rep.Replaced + rep.Compacted)
+		}
 	}
+	if r.TurnsChangedReplica > moves {
+		t.Errorf("%d turns served elsewhere than their conversation's previous turn, %d moves: instances lost track of conversations", r.TurnsChangedReplica, moves)
+	}
+	t.Logf("%.1f%% of turns on their conversation's first replica; %d changes, %d moves", r.TurnsOnReplicaPercent, r.TurnsChangedReplica, moves)
+}
+
+// adminStatus reads a model's admin JSON that a run saved.
+func adminStatus(t *testing.T, path string) panel.ModelStatus {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status panel.ModelStatus
+	if err := json.Unmarshal(raw, &status); err != nil {
+		t.Fatal(err)
+	}
+	return status
 }

@@ -19,6 +19,10 @@ type Placement struct {
 	// which averages per conversation. Turns counts them.
 	TurnsOnReplica float64
 	Turns          int
+	// Changed counts those turns served by another engine than their
+	// conversation's previous turn: each is a move warden made, or a
+	// conversation it lost track of.
+	Changed int
 	// NewConversations counts the conversations whose first turn started
 	// in the window and was served; PerReplica how many each replica got
 	// (every replica listed, zeros included); Spread is max − min of it.
@@ -30,10 +34,15 @@ type Placement struct {
 // Place computes the Placement of the results over [from, to]; replicas
 // are the engine names ("r0/0") a request may be served by.
 func Place(results []agentload.Result, from, to time.Time, replicas []string) Placement {
-	home := map[string]string{} // conversation (Result.Conversation) → engine of its first turn
+	home := map[string]string{}   // conversation (Result.Conversation) → engine of its first turn
+	served := map[string]string{} // conversation and turn → engine
+	turnKey := func(r agentload.Result, turn int) string { return r.Conversation() + "@" + strconv.Itoa(turn) }
 	for _, r := range results {
-		if r.Turn == 0 && r.Engine != "" && r.OK() {
-			home[r.Conversation()] = r.Engine
+		if r.Engine != "" && r.OK() {
+			served[turnKey(r, r.Turn)] = r.Engine
+			if r.Turn == 0 {
+				home[r.Conversation()] = r.Engine
+			}
 		}
 	}
 	p := Placement{PerReplica: map[string]int{}}
@@ -59,6 +68,9 @@ func Place(results []agentload.Result, from, to time.Time, replicas []string) Pl
 		p.Turns++
 		if r.Engine == h {
 			on++
+		}
+		if prev, ok := served[turnKey(r, r.Turn-1)]; ok && prev != r.Engine {
+			p.Changed++
 		}
 	}
 	if p.Turns > 0 {

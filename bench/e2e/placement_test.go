@@ -24,8 +24,9 @@ func TestPlaceWeighsTurnsAndSpreadsNewConversations(t *testing.T) {
 		res("d", 1, 12, "r2/0"), // its first turn is unknown: not counted
 	}
 	p := Place(results, at(10), at(20), []string{"r0/0", "r1/0", "r2/0"})
-	if p.Turns != 4 || p.TurnsOnReplica != 75 {
-		t.Errorf("%d turns, %.1f%% on their replica; want 4, 75%%", p.Turns, p.TurnsOnReplica)
+	if p.Turns != 4 || p.TurnsOnReplica != 75 || p.Changed != 2 {
+		t.Errorf("%d turns, %.1f%% on their replica, %d on another than their previous turn; want 4, 75%%, 2 (a's off and back)",
+			p.Turns, p.TurnsOnReplica, p.Changed)
 	}
 	if p.NewConversations != 2 || p.PerReplica["r1/0"] != 2 || p.PerReplica["r2/0"] != 0 || p.Spread != 2 {
 		t.Errorf("new conversations %d, per replica %v, spread %d; want 2, r1 2, spread 2", p.NewConversations, p.PerReplica, p.Spread)

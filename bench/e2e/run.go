@@ -440,6 +440,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		Topology:        o.Topology,
 
 		TurnsOnReplicaPercent: place.TurnsOnReplica,
+		TurnsChangedReplica:   place.Changed,
 		NewConversations:      place.NewConversations,
 		NewSpread:             place.Spread,
 	}

@@ -112,6 +112,9 @@ type Row struct {
 	// TurnsOnReplicaPercent is the turn-weighted share of a conversation's
 	// later turns served by the replica of its first turn (end-to-end runs).
 	TurnsOnReplicaPercent float64 `json:"turns_on_replica_percent,omitempty"`
+	// TurnsChangedReplica counts those later turns served by another
+	// replica than their conversation's previous turn (end-to-end runs).
+	TurnsChangedReplica int `json:"turns_changed_replica,omitempty"`
 	// NewConversations counts the conversations that started in the
 	// window; NewSpread is max − min of them over the replicas.
 	NewConversations int `json:"new_conversations,omitempty"`
