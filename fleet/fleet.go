@@ -252,6 +252,7 @@ func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
 			l.Prefilled += e.PromptTokens - e.PromptTokensCached
 			l.TTFTSeconds += e.TTFTSeconds
 		}
+		l.HostTierGiB += e.HostTierGiB
 		if e.Has(metricsfeed.FieldExternalQueries | metricsfeed.FieldExternalHits) {
 			l.ExternalQueries += e.ExternalQueries
 			l.ExternalHits += e.ExternalHits

@@ -53,8 +53,13 @@ type Rates struct {
 	GenPerSec      float64 `json:"generation_tokens_per_s"`
 	PrefixQueries  float64 `json:"prefix_cache_queries"` // increase over the window, tokens
 	PrefixHits     float64 `json:"prefix_cache_hits"`    // increase over the window, tokens
-	CachedKnown    bool    `json:"cached_known"`
-	PrefixKnown    bool    `json:"prefix_known"`
+	// HostHits is the prompt tokens a host-memory KV tier served over the
+	// window (vllm:external_prefix_cache_hits); HostKnown whether an engine
+	// published that counter.
+	HostHits    float64 `json:"host_cache_hits"`
+	CachedKnown bool    `json:"cached_known"`
+	PrefixKnown bool    `json:"prefix_known"`
+	HostKnown   bool    `json:"host_known"`
 }
 
 // HitRate is the prefix-cache hit rate over the window (hits / queries).
@@ -65,6 +70,16 @@ func (r Rates) HitRate() (rate float64, ok bool) {
 		return 0, false
 	}
 	return r.PrefixHits / r.PrefixQueries, true
+}
+
+// HostHitRate is the share of the prompt tokens queried over the window
+// that a host-memory KV tier served, beside HitRate's GPU share; ok is false
+// without a tier's counter or without a query.
+func (r Rates) HostHitRate() (rate float64, ok bool) {
+	if !r.HostKnown || !r.PrefixKnown || r.PrefixQueries <= 0 {
+		return 0, false
+	}
+	return r.HostHits / r.PrefixQueries, true
 }
 
 // RatePoint is one step of a rate time series; At is the start of the step.
@@ -120,6 +135,7 @@ func (h *History) Add(target string, at time.Time, s Scrape) {
 			promptTokens:       e.PromptTokens,
 			promptTokensCached: e.PromptTokensCached,
 			generationTokens:   e.GenerationTokens,
+			externalHits:       e.ExternalHits,
 		}}
 		for i, f := range counterFields {
 			sample.created[i] = e.Created(f)
@@ -167,8 +183,10 @@ func (h *History) Rates(now time.Time, window time.Duration, sources ...Source) 
 		total.GenPerSec += perSec.generation
 		total.PrefixQueries += sum.queries
 		total.PrefixHits += sum.hits
+		total.HostHits += sum.hostHits
 		total.CachedKnown = total.CachedKnown || sum.cachedKnown
 		total.PrefixKnown = total.PrefixKnown || sum.prefixKnown
+		total.HostKnown = total.HostKnown || sum.hostKnown
 	}
 	return total, found
 }
@@ -279,6 +297,7 @@ const (
 	promptTokens
 	promptTokensCached
 	generationTokens
+	externalHits
 	numCounters
 )
 
@@ -288,6 +307,7 @@ var counterFields = [numCounters]Field{
 	promptTokens:       FieldPromptTokens,
 	promptTokensCached: FieldPromptTokensCached,
 	generationTokens:   FieldGenerationTokens,
+	externalHits:       FieldExternalHits,
 }
 
 type counterSample struct {
@@ -333,12 +353,12 @@ func (r *counterRing) eachPair(fn func(prev, cur counterSample)) {
 	}
 }
 
-// increase is the token counts gained between samples. cachedKnown and
-// prefixKnown say whether the engine published what cached/computed and
-// queries/hits are made of.
+// increase is the token counts gained between samples. cachedKnown,
+// prefixKnown and hostKnown say whether the engine published what
+// cached/computed, queries/hits and hostHits are made of.
 type increase struct {
-	prompt, cached, computed, generation, queries, hits float64
-	cachedKnown, prefixKnown                            bool
+	prompt, cached, computed, generation, queries, hits, hostHits float64
+	cachedKnown, prefixKnown, hostKnown                           bool
 }
 
 func (a *increase) add(b increase) {
@@ -348,8 +368,10 @@ func (a *increase) add(b increase) {
 	a.generation += b.generation
 	a.queries += b.queries
 	a.hits += b.hits
+	a.hostHits += b.hostHits
 	a.cachedKnown = a.cachedKnown || b.cachedKnown
 	a.prefixKnown = a.prefixKnown || b.prefixKnown
+	a.hostKnown = a.hostKnown || b.hostKnown
 }
 
 func (a increase) perSecond(span time.Duration) increase {
@@ -361,8 +383,10 @@ func (a increase) perSecond(span time.Duration) increase {
 		generation:  a.generation / secs,
 		queries:     a.queries / secs,
 		hits:        a.hits / secs,
+		hostHits:    a.hostHits / secs,
 		cachedKnown: a.cachedKnown,
 		prefixKnown: a.prefixKnown,
+		hostKnown:   a.hostKnown,
 	}
 }
 
@@ -403,7 +427,9 @@ func pairIncrease(prev, cur counterSample) increase {
 		generation:  gained(generationTokens),
 		queries:     gained(prefixQueries),
 		hits:        gained(prefixHits),
+		hostHits:    gained(externalHits),
 		prefixKnown: cur.present&PrefixFields == PrefixFields,
+		hostKnown:   cur.present&FieldExternalHits != 0,
 	}
 	switch {
 	case cur.present&FieldPromptTokensCached != 0:

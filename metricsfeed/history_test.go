@@ -45,6 +45,27 @@ func TestRatesSteadyState(t *testing.T) {
 	}
 }
 
+// A host-memory KV tier's hits are a share of the prompt tokens queried
+// beside the GPU's; without the tier's counter the share is unknown, not 0.
+func TestHostHitRateBesideTheGPUs(t *testing.T) {
+	h := NewHistory(time.Hour, time.Second)
+	for i := range 11 {
+		e := counters(0, float64(i), 60)
+		e.ExternalHits, e.Present = 25*float64(i), e.Present|FieldExternalHits
+		h.Add("tier", t0.Add(time.Duration(i)*time.Second), Scrape{Engines: []EngineStats{e}})
+		h.Add("gpu", t0.Add(time.Duration(i)*time.Second), Scrape{Engines: []EngineStats{counters(0, float64(i), 60)}})
+	}
+	r, _ := h.Rates(t0.Add(10*time.Second), 10*time.Second, WholeTarget("tier"))
+	gpu, _ := r.HitRate()
+	if host, known := r.HostHitRate(); !known || !near(host, 0.25) || !near(gpu, 0.6) {
+		t.Errorf("host share %v (known %v), GPU %v; want 0.25 beside 0.6", host, known, gpu)
+	}
+	r, _ = h.Rates(t0.Add(10*time.Second), 10*time.Second, WholeTarget("gpu"))
+	if host, known := r.HostHitRate(); known {
+		t.Errorf("no tier's counter: host share %v known", host)
+	}
+}
+
 func TestRatesSurviveCounterReset(t *testing.T) {
 	h := NewHistory(time.Hour, time.Second)
 	for i, prompt := range []float64{1000, 1100, 1200, 50, 150} { // server restarted before the 4th scrape

@@ -92,6 +92,9 @@ type EngineStats struct {
 
 	BlockSize    int `json:"block_size"`     // tokens per KV block, from cache_config_info
 	NumGPUBlocks int `json:"num_gpu_blocks"` // KV blocks on the GPU, from cache_config_info
+	// HostTierGiB is the host-memory KV tier's size (--kv-offloading-size),
+	// from cache_config_info; 0 without a tier or when it does not say.
+	HostTierGiB float64 `json:"host_tier_gib"`
 
 	Present Field `json:"present"`
 
@@ -322,6 +325,10 @@ func Parse(r io.Reader) (Scrape, error) {
 			}
 			if n, ok := positiveIntLabel(m, "num_gpu_blocks"); ok {
 				e.NumGPUBlocks, e.Present = n, e.Present|FieldNumGPUBlocks
+			}
+			// "None" without a tier, as Python prints it.
+			if gib, err := strconv.ParseFloat(labelValue(m, "kv_offloading_size"), 64); err == nil && gib > 0 && !math.IsInf(gib, 0) {
+				e.HostTierGiB = gib
 			}
 		}
 	}

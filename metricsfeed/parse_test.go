@@ -105,7 +105,7 @@ var hostTierStats = EngineStats{
 	PrefixQueries: 9500, PrefixHits: 720, PromptTokens: 9500, PromptTokensCached: 1680,
 	ExternalQueries: 8780, ExternalHits: 960,
 	GenerationTokens: 20, RequestSuccess: 5, TTFTSeconds: 1.614795885, TTFTCount: 5,
-	BlockSize: 16, NumGPUBlocks: 400,
+	BlockSize: 16, NumGPUBlocks: 400, HostTierGiB: 1,
 	Present: LoadFields | PrefixFields | FieldPromptTokens | FieldPromptTokensCached | FieldGenerationTokens |
 		FieldPreemptions | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks | FieldTTFT |
 		FieldExternalQueries | FieldExternalHits,

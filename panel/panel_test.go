@@ -159,6 +159,48 @@ func TestDataOfLiveModel(t *testing.T) {
 	}
 }
 
+// A replica with a host-memory KV tier shows the tier's size and the share
+// of prompt tokens it served beside the GPU's; one without shows neither.
+func TestHostTierShownWhereReported(t *testing.T) {
+	m := livemodel.New("panel-tier", time.Second, zap.NewNop())
+	l := m.Prepare(livemodel.Spec{Fleet: fleet.Spec{
+		Routing: selection.Config{MaxNumSeqs: 32, Affinity: true},
+		Replicas: []selection.Replica{
+			{ID: "127.0.0.1:11", Address: "127.0.0.1:11"},
+			{ID: "127.0.0.1:12", Address: "127.0.0.1:12"},
+		},
+	}, Logger: zap.NewNop()})
+	m.Activate(l, time.Now())
+	t.Cleanup(m.Close)
+	now := time.Now()
+	for i := 0; i <= 30; i++ {
+		at := now.Add(time.Duration(i-30) * time.Second)
+		for _, tier := range []bool{true, false} {
+			s := counterScrape(100*float64(i), 50*float64(i), 10*float64(i))
+			e := &s.Engines[0]
+			e.Present |= metricsfeed.LoadFields
+			target := "127.0.0.1:12"
+			if tier {
+				target = "127.0.0.1:11"
+				e.ExternalHits, e.HostTierGiB = 25*float64(i), 22
+				e.Present |= metricsfeed.FieldExternalHits
+			}
+			m.Fleet().ObserveScrape(target, at, s, nil)
+		}
+	}
+	rows := Status(l, now).Replicas
+	if len(rows) != 2 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	tier, plain := rows[0], rows[1]
+	if tier.HostTierGiB == nil || *tier.HostTierGiB != 22 || tier.HostHitRate == nil || math.Abs(*tier.HostHitRate-0.25) > 1e-9 {
+		t.Errorf("replica with a tier: %v GiB, host hits %v; want 22 GiB, 0.25", tier.HostTierGiB, fmtRate(tier.HostHitRate))
+	}
+	if plain.HostTierGiB != nil || plain.HostHitRate != nil {
+		t.Errorf("replica without a tier: %v GiB, host hits %v; want both unknown", plain.HostTierGiB, fmtRate(plain.HostHitRate))
+	}
+}
+
 // The working set sums the replicas' residents against their KV capacity,
 // unknown while one replica's is; it is shown only with load control on.
 func TestWorkingSet(t *testing.T) {

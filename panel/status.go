@@ -194,7 +194,12 @@ type ReplicaStatus struct {
 	// prefix-cache counters (else its V0 engine's own hit-rate gauge); nil
 	// (JSON null) when it publishes neither, before two scrapes of it, or
 	// when it counted no query in that window.
-	PrefixHitRate  *float64 `json:"prefix_hit_rate"`
+	PrefixHitRate *float64 `json:"prefix_hit_rate"`
+	// HostHitRate is, over the same window, the share of the prompt tokens
+	// queried that its host-memory KV tier served; HostTierGiB the tier's
+	// size. Both nil (JSON null) without a tier, or when it does not say.
+	HostHitRate    *float64 `json:"host_hit_rate"`
+	HostTierGiB    *float64 `json:"host_tier_gib"`
 	Healthy        bool     `json:"healthy"`
 	Health         string   `json:"health"`
 	Sessions       int64    `json:"sessions"`
@@ -330,7 +335,12 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 			row.NextNewcomer = &rs.NextNewcomer
 		}
 		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, rs.Load)
-		row.PrefixHitRate = knownRate(f.ReplicaRates(rs.Replica, now, hitRateWindow))
+		rates, ok := f.ReplicaRates(rs.Replica, now, hitRateWindow)
+		row.PrefixHitRate = knownRate(rates, ok)
+		if ok {
+			row.HostHitRate = known(rates.HostHitRate())
+		}
+		row.HostTierGiB = known(rs.Load.HostTierGiB, rs.Load.HostTierGiB > 0)
 		if row.PrefixHitRate == nil {
 			row.PrefixHitRate = known(f.ReplicaReportedHitRate(rs.Replica, now, hitRateWindow))
 		}

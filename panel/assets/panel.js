@@ -57,6 +57,7 @@
   // The replica table: key (also the cell's data-col), heading, cell text,
   // and an optional tooltip, class and condition on the model.
   const loadControlOn = (m) => m.load_control.enabled;
+  const hostTier = (m) => m.replicas.some((r) => r.host_tier_gib !== null);
   const columns = [
     ["replica", "Replica", (r, mode) => (mode === "ranks" ? "rank " + r.rank + " · " + r.address : r.address)],
     ["in_flight", "In flight", (r) => integer(r.in_flight)],
@@ -67,6 +68,7 @@
     ["waiting", "Waiting", (r) => (r.metrics_known ? number(r.waiting) : "–")],
     ["kv_used", "KV used", (r) => (r.metrics_known ? percent(r.kv_used) : "–")],
     ["prefix_hit_rate", "Prefix hits (5 min)", (r) => orUnknown(r.prefix_hit_rate), (r) => (r.prefix_hit_rate === null ? "unknown: no prefix-cache query counted in the last 5 minutes, or no prefix-cache counters from this replica" : "")],
+    ["host_hit_rate", "Host-tier hits (5 min)", (r) => orUnknown(r.host_hit_rate), (r) => (r.host_tier_gib === null ? "no host-memory KV tier reported" : "prompt tokens loaded from its " + number(r.host_tier_gib) + " GiB host-memory KV tier"), undefined, hostTier],
     ["healthy", "Healthy", (r) => (r.healthy ? "yes" : "no"), (r) => r.health, (r) => (r.healthy ? "good" : "bad")],
     ["sessions", "Conversations", (r) => integer(r.sessions)],
     ["active_sessions", "Active", (r) => integer(r.active_sessions), () => "conversations that sent a request lately"],
