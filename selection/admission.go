@@ -18,11 +18,11 @@ import (
 // A conversation becomes resident on a replica when one of its turns is
 // admitted there, and stays resident while its turns run and for Linger
 // after each (its tool pause), so that its next turn finds its cache. The
-// queue is first come, first served: the turn that waited longest goes
-// first, to its pin when the pin has room, else to the least-loaded replica
-// that has (its pin then moves there: a conversation that lost residency
-// has most likely lost its cache too). Only a stagger lets a turn pass
-// (stagger.go).
+// queue is first come, first served within a flow, the flows taking turns
+// (flows.go): the turn at its head goes first, to its pin when the pin has
+// room, else to the least-loaded replica that has (its pin then moves
+// there: a conversation that lost residency has most likely lost its cache
+// too). Only a stagger lets a turn pass (stagger.go).
 //
 // Admission holds no goroutine and reads no clock: the proxy waits on the
 // ticket in the request's own goroutine (Caddy), or the lab resumes the
@@ -153,6 +153,7 @@ type Ticket struct {
 	// reply's cached part is the prefix it shares with them
 	// (sharedprefix.go).
 	placedBeside bool
+	fair         fairTurn
 }
 
 // resident is a conversation holding its place in a replica's cache.
@@ -187,7 +188,9 @@ type gate struct {
 	idle list.List
 	// idleOn is the same per replica, a replica with none left out.
 	idleOn map[*replicaState]*list.List
-	queue  []*Ticket
+	// queue is the waiting turns in the order they are served (flows.go).
+	queue []*Ticket
+	fair  fairQueue
 
 	admitted, queued, forced, refused, cancelled, taskEnded, sideCalls uint64
 	// The replies' usage: how many reported it, how many the cached part,
@@ -219,7 +222,8 @@ type TokenCounts struct{ Prompt, Cached uint64 }
 func newGate() *gate {
 	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
 		staggering: map[*replicaState]staggering{}, expired: map[uint64]*list.Element{},
-		owed: map[*replicaState]*departure{}, fill: map[*replicaState]*fillState{}, idleOn: map[*replicaState]*list.List{}}
+		owed: map[*replicaState]*departure{}, fill: map[*replicaState]*fillState{}, idleOn: map[*replicaState]*list.List{},
+		fair: newFairQueue()}
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -241,13 +245,22 @@ type Body struct {
 // admitted; the caller must then Pick, and end the ticket with Done, or
 // leave the queue with Cancel or Force.
 func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.Time, ready func()) *Ticket {
+	return v.AdmitRequest(Request{Hash: key, Usable: usable, Now: now}, body, ready)
+}
+
+// AdmitRequest is Admit for req's turn, which waits in its flow's queue
+// (Request.Flow) and, a sub-agent's or a side call, behind its flow's main
+// turns (flows.go).
+func (v *View) AdmitRequest(req Request, body Body, ready func()) *Ticket {
+	key, now := req.key(), req.Now
 	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
 		return nil
 	}
 	g := v.router.gate
-	t := &Ticket{view: v, key: key, body: body, usable: usable, ready: ready}
+	t := &Ticket{view: v, key: key, body: body, usable: req.Usable, ready: ready}
 	t.estimate()
 	g.mu.Lock()
+	t.fair = v.fairTurnOf(req)
 	notify := v.expire(now.UnixNano())
 	if g.residents[key] == nil {
 		g.noteLateReturn(key, now.UnixNano())
@@ -265,9 +278,10 @@ func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.T
 	case len(g.queue) >= v.cfg.Admission.MaxQueue:
 		t.state = Refused
 		g.refused++
+		t.fair.counts.refused++
 	default:
 		t.state = Waiting
-		g.queue = append(g.queue, t)
+		g.enqueue(t)
 		g.queued++
 	}
 	g.mu.Unlock()
@@ -457,6 +471,7 @@ func (t *Ticket) Force(now time.Time) bool {
 	}
 	g.unqueue(t)
 	g.forced++
+	t.fair.counts.waited += now.UnixNano() - t.fair.since
 	t.estimate()
 	pin := t.view.router.pinOf(t.key, now.UnixNano(), int64(t.view.cfg.SessionTTL))
 	rep := pin
@@ -489,6 +504,7 @@ func (r *Router) ReleaseWaiting() {
 		}
 	}
 	g.queue = nil
+	g.fair.releaseAll()
 	g.mu.Unlock()
 	runAll(notify)
 }
@@ -527,17 +543,9 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 	res.running++
 	t.res, t.state = res, Admitted
 	g.admitted++
+	t.fair.counts.admitted++
 	if t.side {
 		g.sideCalls++
-	}
-}
-
-func (g *gate) unqueue(t *Ticket) {
-	for i, q := range g.queue {
-		if q == t {
-			g.queue = append(g.queue[:i], g.queue[i+1:]...)
-			return
-		}
 	}
 }
 
@@ -677,7 +685,7 @@ func (v *View) admitQueued(now int64) []func() {
 		t.estimate()
 		switch {
 		case t.view.admitOne(t, now, i == 0):
-			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			g.dequeue(i, now)
 			if t.ready != nil {
 				notify = append(notify, t.ready)
 			}
@@ -861,8 +869,8 @@ type replicaAdmission struct {
 	fill         float64 // the share of its cache its residents may take now
 }
 
-// admissionStatus fills st and returns each replica's residents.
-func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdmission {
+// admissionStatus fills st and flows and returns each replica's residents.
+func (v *View) admissionStatus(st *AdmissionStatus, flows *FlowsStatus) map[*replicaState]replicaAdmission {
 	g := v.router.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -876,6 +884,7 @@ func (v *View) admissionStatus(st *AdmissionStatus) map[*replicaState]replicaAdm
 		LateShare: g.lateShare, SteppedAside: v.cfg.Admission.Enabled && v.cfg.Affinity && g.aside.Load(),
 	}
 	st.SharedPrefix, st.SharedPrefixSource = v.router.sharedPrefix()
+	*flows = g.fair.table.flowStatus()
 	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
 	for _, s := range v.replicas {
 		h := g.held[s]

@@ -2,17 +2,21 @@ package selection
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
 
 // FuzzAdmission drives load control with turns of a few conversations, of
-// sizes that make side calls and outgrowing turns, ended, cancelled, forced
+// sizes that make side calls and outgrowing turns, in three flows (one
+// weighted) and from sub-agents, ended, cancelled, forced
 // and expired in any order, and checks its books after every step: what each
 // replica holds is the sum of its residents, a running turn's residency is
 // there, the idle list is the idle residents, the queue the waiting turns
-// and no longer than max_queue. Once every turn has ended and linger has
+// and no longer than max_queue, in its flows' order, each flow's turns
+// counted where its counters are. Once every turn has ended and linger has
 // passed, nothing is held.
 func FuzzAdmission(f *testing.F) {
 	f.Add([]byte{0, 3, 0, 1, 0, 9, 1, 0, 2, 1, 4, 0})
@@ -39,9 +43,12 @@ func FuzzAdmission(f *testing.F) {
 			}
 			switch op {
 			case 0:
-				key := HashKey(fmt.Sprint("c", arg%4))
+				req := Request{Key: fmt.Sprint("c", arg%4), Flow: uint64(arg/28) % 3, FlowWeight: float64(arg/28%3) / 2, Now: now}
+				if arg >= 168 {
+					req.Parent = HashKey("c0")
+				}
 				tokens := sizes[(arg/4)%len(sizes)]
-				tickets = append(tickets, r.Admit(key, Body{Bytes: int64(tokens * BytesPerToken)}, nil, now, nil))
+				tickets = append(tickets, r.AdmitRequest(req, Body{Bytes: int64(tokens * BytesPerToken)}, nil))
 			case 1:
 				if tk := nth(); tk != nil {
 					prompt := sizes[arg%len(sizes)]
@@ -163,5 +170,50 @@ func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int
 	}
 	if waiting != len(g.queue) || len(g.queue) > r.View.cfg.Admission.MaxQueue {
 		fail("%d waiting turns, %d queued, max_queue %d", waiting, len(g.queue), r.View.cfg.Admission.MaxQueue)
+	}
+	checkFlowBooks(g, fail)
+}
+
+// checkFlowBooks checks the fair queue's invariants (g.mu held): the queue
+// is in slot order, each flow's turns are its queued ones, main turns
+// first, in slot order, the waiting counts are the queued turns, and the
+// flows' counters add up to load control's.
+func checkFlowBooks(g *gate, fail func(string, ...any)) {
+	for i := 1; i < len(g.queue); i++ {
+		if g.queue[i-1].fair.slot.compare(g.queue[i].fair.slot) >= 0 {
+			fail("queue out of slot order at %d: %+v then %+v", i, g.queue[i-1].fair.slot, g.queue[i].fair.slot)
+		}
+	}
+	inFlows := 0
+	waiting := map[*flowCounts]int{}
+	for flow, f := range g.fair.flows {
+		if len(f.turns) == 0 {
+			fail("flow %d kept with no turn waiting", flow)
+		}
+		for j, tk := range f.turns {
+			if tk.fair.flow != flow || tk.state != Waiting || !slices.Contains(g.queue, tk) {
+				fail("flow %d holds a turn of flow %d in state %d", flow, tk.fair.flow, tk.state)
+			}
+			if j > 0 && (f.turns[j-1].fair.secondary && !tk.fair.secondary || f.turns[j-1].fair.slot.compare(tk.fair.slot) >= 0) {
+				fail("flow %d's turns out of order at %d", flow, j)
+			}
+			waiting[tk.fair.counts]++
+		}
+		inFlows += len(f.turns)
+	}
+	if inFlows != len(g.queue) {
+		fail("%d turns in the flows, %d queued", inFlows, len(g.queue))
+	}
+	ft := &g.fair.table
+	counts := append([]*flowCounts{&ft.other}, slices.Collect(maps.Values(ft.byID))...)
+	var admitted, queued uint64
+	for _, c := range counts {
+		if c.waiting != waiting[c] {
+			fail("flow %d counts %d waiting, %d are", c.id, c.waiting, waiting[c])
+		}
+		admitted, queued = admitted+c.admitted, queued+c.queued
+	}
+	if admitted != g.admitted || queued != g.queued {
+		fail("the flows admitted %d and queued %d, load control %d and %d", admitted, queued, g.admitted, g.queued)
 	}
 }

@@ -48,6 +48,12 @@ type Request struct {
 	// neither places nor moves the conversation, nor tells of its cache or
 	// of the turns' duration.
 	CountOnly bool
+	// Flow is the hashed identity of whom the request is for (a person, an
+	// API key), never its clear value; 0 is a flow like any other. Load
+	// control serves the flows' waiting turns round robin (flows.go), each
+	// with FlowWeight turns a round (0 is 1).
+	Flow       uint64
+	FlowWeight float64
 	// Usable reports whether the proxy can reach an upstream address now
 	// (Caddy's own health and max_requests); nil means every address.
 	Usable func(address string) bool

@@ -32,8 +32,10 @@ type Status struct {
 	// CompactionsIgnored counts compaction hints ignored because they came
 	// within CompactionInterval of the conversation's last placement.
 	CompactionsIgnored uint64
-	// Admission is load control's state (zero when it is off).
+	// Admission is load control's state (zero when it is off), and Flows
+	// its flows' shares.
 	Admission AdmissionStatus
+	Flows     FlowsStatus
 	Replicas  []ReplicaStatus
 }
 
@@ -94,7 +96,7 @@ func (v *View) Status() Status {
 		Expired:            r.expired.Load(),
 		CompactionsIgnored: r.compactionsIgnored.Load(),
 	}
-	residents := v.admissionStatus(&st.Admission)
+	residents := v.admissionStatus(&st.Admission, &st.Flows)
 	var sticky, spilled uint64
 	for _, s := range v.replicas {
 		rs := ReplicaStatus{
