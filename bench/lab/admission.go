@@ -99,7 +99,8 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		})
 	}
 	tokens := p.view.EstimateTokens(a.PromptBytes)
-	t = p.view.Admit(selection.HashKey(a.Key), selection.Body{Bytes: a.PromptBytes, Prefix: a.Prefix}, nil, virtualTime(a.Now), func() {
+	req := selection.Request{Key: a.Key, Flow: flowID(a.Flow), Now: virtualTime(a.Now)}
+	t = p.view.AdmitRequest(req, selection.Body{Bytes: a.PromptBytes, Prefix: a.Prefix}, func() {
 		delete(p.waiting, t)
 		send()
 	})
@@ -119,6 +120,15 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		delete(p.waiting, t)
 		return t.Cancel(virtualTime(p.env.Now()))
 	}
+}
+
+// flowID is the flow of a person's requests, its name hashed as a proxy
+// hashes an API key; 0 for no one told apart.
+func flowID(person string) uint64 {
+	if person == "" {
+		return 0
+	}
+	return selection.HashKey(person)
 }
 
 // forceOverdue sends the turns that waited MaxWait, as Caddy's request

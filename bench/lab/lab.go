@@ -80,6 +80,13 @@ type Config struct {
 	// run; each run starts where the last one stopped, after its
 	// ConversationTail.
 	Warm bool
+	// People, when set, share the fleet instead of the level's sessions
+	// (whose number must be theirs in all): each has its own sessions and
+	// think time, its turns in its own flow, and its own row. OneFlow puts
+	// every person's turns in one flow, as a proxy that tells no one apart
+	// (load control's queue is then first come, first served).
+	People  []Person
+	OneFlow bool
 }
 
 // DefaultWarmup is Config.Warmup's default: at every level of the seed's
@@ -184,8 +191,8 @@ func (p Plan) check() error {
 }
 
 // Sweep runs the plan on up to workers goroutines (0: one per CPU) and returns
-// one row per run, ordered by seed, policy, then level. The rows do not depend
-// on workers. progress, if not nil, is called after each run, from any
+// one row per run (with people, one per person of each run), ordered by
+// seed, policy, then level. The rows do not depend on workers. progress, if not nil, is called after each run, from any
 // goroutine but never concurrently.
 func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, error) {
 	if err := cfg.Validate(); err != nil {
@@ -196,6 +203,10 @@ func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, e
 	}
 	// The engines, and the policies that read their profile, see the tier sized.
 	cfg.Profile, cfg.HostTierTimesGPU = cfg.EngineProfile(), 0
+	if err := checkPlan(cfg.People, plan); err != nil {
+		return nil, err
+	}
+	perRun := max(1, len(cfg.People))
 	// A job is what must run in sequence: one run from a fresh fleet, or a
 	// whole seed on its warm fleet.
 	type job struct {
@@ -207,16 +218,16 @@ func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, e
 	var jobs []job
 	for _, seed := range plan.Seeds {
 		if cfg.Warm {
-			jobs = append(jobs, job{seed, plan.Policies, plan.Levels, len(jobs) * len(plan.Policies) * len(plan.Levels)})
+			jobs = append(jobs, job{seed, plan.Policies, plan.Levels, len(jobs) * len(plan.Policies) * len(plan.Levels) * perRun})
 			continue
 		}
 		for _, p := range plan.Policies {
 			for _, l := range plan.Levels {
-				jobs = append(jobs, job{seed, []string{p}, []int{l}, len(jobs)})
+				jobs = append(jobs, job{seed, []string{p}, []int{l}, len(jobs) * perRun})
 			}
 		}
 	}
-	rows := make([]report.Row, plan.Runs())
+	rows := make([]report.Row, plan.Runs()*perRun)
 	errs := make([]error, len(jobs))
 	var progressMu sync.Mutex
 	done := func() {
@@ -268,11 +279,13 @@ func runSeries(cfg Config, seed int64, policies []string, levels []int, rows []r
 			if err != nil {
 				return fmt.Errorf("lab: %s at %d sessions, seed %d: %w", name, sessions, seed, err)
 			}
-			rows[i] = out.row(name)
-			if o, ok := policy.(outcomeCounter); ok {
-				rows[i].Outcomes = o.outcomes()
+			for _, row := range out.rows(name, cfg.People) {
+				if o, ok := policy.(outcomeCounter); ok {
+					row.Outcomes = o.outcomes()
+				}
+				rows[i] = row
+				i++
 			}
-			i++
 			done()
 		}
 	}

@@ -14,6 +14,9 @@ import (
 type Arrival struct {
 	// Key is the session header's value.
 	Key string
+	// Flow names whose request it is (Person.Name; "": no one told apart),
+	// as a proxy tells flows apart by their API keys.
+	Flow string
 	// PromptBytes is the request body's size (its Content-Length).
 	PromptBytes int64
 	// Prefix is the system prompt part of the body, as promptprefix.Read

@@ -111,6 +111,7 @@ func (q *eventQueue) Pop() any {
 
 // slot is one closed-loop user: it keeps one session busy, one request at a time.
 type slot struct {
+	person  int // its index in sim.people
 	session *agentload.Session
 	current *request
 	// unhold drops the turn a Holder policy holds, nil when none is held.
@@ -150,9 +151,8 @@ type sim struct {
 	env    *Env
 	fleet  *simFleet
 	policy Policy
-	gen    *agentload.Generator
-	// prefix is every request's prefix parts: the run's system prompt.
-	prefix               selection.Prefix
+	// people are whose sessions the slots hold: one without Config.People.
+	people               []personRun
 	seed                 int64
 	start, measured, end time.Duration
 	now                  time.Duration
@@ -172,36 +172,44 @@ type sim struct {
 	windowCut []agentload.Result
 	// awaited counts the conversations sent in the window still under way.
 	awaited int
+	// personOf is each session's person, with Config.People.
+	personOf map[string]int
 
 	busySamples, busyTotal  int
 	boundHits, boundQueries uint64
 	routed                  int
 }
 
+// personRun is a person's part of a run: its sessions' generator, their
+// prefix parts (the run's system prompt) and its flow.
+type personRun struct {
+	gen    *agentload.Generator
+	prefix selection.Prefix
+	flow   string
+}
+
 // outcome is a run's measurements, with what the tests check besides the row.
 type outcome struct {
-	sim           *sim
-	summary       agentload.Summary
+	sim     *sim
+	summary agentload.Summary
+	// people is each person's summary, with Config.People.
+	people        []agentload.Summary
 	before, after engine.Stats
 }
 
 func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, error) {
 	cfg := env.Config()
-	wl := cfg.Workload
-	wl.Seed = agentload.LevelSeed(seed, sessions)
-	gen, err := agentload.NewGenerator(wl)
-	if err != nil {
-		return nil, err
-	}
 	f := env.fleet
 	s := &sim{
-		env: env, fleet: f, policy: policy, gen: gen, seed: seed,
-		prefix: selection.Prefix{{Hash: xxhash.Sum64String(gen.SystemPrompt()), Bytes: int(scaledBytes(cfg, len(gen.SystemPrompt())))}},
-		start:  f.clock, measured: f.clock + cfg.Warmup, end: f.clock + cfg.Warmup + cfg.Duration, now: f.clock,
+		env: env, fleet: f, policy: policy, seed: seed,
+		start: f.clock, measured: f.clock + cfg.Warmup, end: f.clock + cfg.Warmup + cfg.Duration, now: f.clock,
 		stepping:   make([]bool, len(f.engines)),
 		stepEvents: make([][]engine.Event, len(f.engines)),
 		slots:      make([]slot, sessions),
 		byRequest:  map[*engine.Request]*request{},
+	}
+	if err := s.seat(sessions); err != nil {
+		return nil, err
 	}
 	out := &outcome{sim: s}
 	env.run = s
@@ -260,8 +268,52 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 	}
 	s.cutInFlight()
 	f.clock = s.now
-	out.summary = agentload.Summarize(slices.Concat(s.results, s.windowCut), virtualTime(s.measured), virtualTime(s.end))
+	results := slices.Concat(s.results, s.windowCut)
+	out.summary = agentload.Summarize(results, virtualTime(s.measured), virtualTime(s.end))
+	for i := range cfg.People {
+		mine := slices.DeleteFunc(slices.Clone(results), func(r agentload.Result) bool { return s.personOf[r.SessionID] != i })
+		out.people = append(out.people, agentload.Summarize(mine, virtualTime(s.measured), virtualTime(s.end)))
+	}
 	return out, nil
+}
+
+// seat gives the slots their people: without Config.People, sessions of the
+// workload at its level's seed; else each person's sessions of its own
+// workload, in its own flow unless Config.OneFlow.
+func (s *sim) seat(sessions int) error {
+	cfg := s.env.cfg
+	if len(cfg.People) == 0 {
+		wl := cfg.Workload
+		wl.Seed = agentload.LevelSeed(s.seed, sessions)
+		return s.addPerson(wl, "")
+	}
+	s.personOf = map[string]int{}
+	first := 0
+	for i, p := range cfg.People {
+		flow := p.Name
+		if cfg.OneFlow {
+			flow = ""
+		}
+		if err := s.addPerson(p.workload(cfg.Workload, s.seed), flow); err != nil {
+			return err
+		}
+		for j := first; j < first+p.Sessions; j++ {
+			s.slots[j].person = i
+		}
+		first += p.Sessions
+	}
+	return nil
+}
+
+func (s *sim) addPerson(wl agentload.Config, flow string) error {
+	gen, err := agentload.NewGenerator(wl)
+	if err != nil {
+		return err
+	}
+	system := gen.SystemPrompt()
+	s.people = append(s.people, personRun{gen: gen, flow: flow,
+		prefix: selection.Prefix{{Hash: xxhash.Sum64String(system), Bytes: int(scaledBytes(s.env.cfg, len(system)))}}})
+	return nil
 }
 
 func (s *sim) schedule(at time.Duration, kind eventKind, index int) {
@@ -273,8 +325,12 @@ func (s *sim) schedule(at time.Duration, kind eventKind, index int) {
 // over, and routes it once the turn's think time has passed.
 func (s *sim) send(slotIndex int) {
 	sl := &s.slots[slotIndex]
+	person := &s.people[sl.person]
 	if sl.session == nil || sl.session.Done() {
-		sl.session = s.gen.NewSession()
+		sl.session = person.gen.NewSession()
+		if s.personOf != nil {
+			s.personOf[sl.session.ID] = sl.person
+		}
 	}
 	turn, _ := sl.session.Next()
 	if turn.Think > 0 && !sl.paused {
@@ -304,7 +360,7 @@ func (s *sim) send(slotIndex int) {
 	}
 	s.routed++
 	r.final = turn.Final
-	a := Arrival{Key: sl.session.ID, PromptBytes: s.bodyBytes(turn), Prefix: s.prefix, Now: s.now}
+	a := Arrival{Key: sl.session.ID, Flow: person.flow, PromptBytes: s.bodyBytes(turn), Prefix: person.prefix, Now: s.now}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
@@ -550,6 +606,21 @@ func replySeed(seed int64, session, turn int) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// rows are the outcome's rows of the table: the run's, or with people each
+// one's, beside the fleet's figures (hits, busy replicas, preemptions).
+func (o *outcome) rows(policy string, people []Person) []report.Row {
+	if len(people) == 0 {
+		return []report.Row{o.row(policy)}
+	}
+	rows := make([]report.Row, len(people))
+	for i, p := range people {
+		rows[i] = o.row(policy)
+		rows[i].Person, rows[i].Sessions, rows[i].ThinkTimeS = p.Name, p.Sessions, p.ThinkTime.Seconds()
+		rows[i].SetClientSide(o.people[i], 1)
+	}
+	return rows
 }
 
 // row turns the outcome into the table's row.

@@ -85,9 +85,16 @@ type series struct {
 	mode, policy string
 	// setup is the row's Setup: "" for one Caddy without a pin store.
 	setup string
+	// person is the row's Person: "" for everyone's.
+	person string
 }
 
 func (s series) label(mixedModes bool) string {
+	if s.person != "" {
+		plain := s
+		plain.person = ""
+		return plain.label(mixedModes) + " " + s.person
+	}
 	if s.setup != "" {
 		plain := s
 		plain.setup = ""
@@ -147,7 +154,7 @@ func aggregate(rows []Row) (points []point, order []series) {
 	rank := map[series]int{}
 	index := map[series]map[int]int{}
 	for _, r := range rows {
-		s := series{r.Mode, r.Policy, r.Setup()}
+		s := series{r.Mode, r.Policy, r.Setup(), r.Person}
 		if _, ok := rank[s]; !ok {
 			rank[s] = len(order)
 			order = append(order, s)

@@ -103,6 +103,10 @@ type Row struct {
 	// names its variant (lab.WorkloadVariants); wardenbench grid sets both.
 	ThinkTimeS float64 `json:"think_time_s,omitempty"`
 	Workload   string  `json:"workload,omitempty"`
+	// Person names whose conversations the client-side columns measure,
+	// of the people sharing the fleet (lab.Person; its Sessions and
+	// ThinkTimeS are the person's); "" is everyone's.
+	Person string `json:"person,omitempty"`
 
 	// Instances is how many Caddy instances routed (behind a front that
 	// picks one at random per request); 0 or 1 is one, without a front.

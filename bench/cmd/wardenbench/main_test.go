@@ -32,6 +32,27 @@ func TestLabWritesTableJSONAndPlots(t *testing.T) {
 	}
 }
 
+func TestLabWithPeopleGivesEachItsRows(t *testing.T) {
+	dir := t.TempDir()
+	for _, flows := range []string{"true", "false"} {
+		out, rows := runForRows(t, filepath.Join(dir, "people-"+flows+".json"), "lab",
+			"--people", "farm:3:0s,person:1:20s", "--flows="+flows, "--duration", "15s", "--seeds", "1",
+			"--policies", "warden-admission", "--num-gpu-blocks", "3000", "--turns", "3")
+		if len(rows) != 2 || rows[0].Person != "farm" || rows[0].Sessions != 3 || rows[1].Person != "person" || rows[1].Sessions != 1 {
+			t.Fatalf("--flows=%s: rows %+v", flows, rows)
+		}
+		for _, want := range []string{"warden-admission farm", "warden-admission person"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := mainWithArgs(context.Background(), []string{"lab", "--people", "farm:0:1s"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "--people") {
+		t.Errorf("a person without sessions: exit %d, %s", code, stderr.String())
+	}
+}
+
 func TestNoteUntimedConversations(t *testing.T) {
 	var out bytes.Buffer
 	rows := []report.Row{{ConversationsTimed: 7, ConversationsCut: 2}, {ConversationsTimed: 0, ConversationsCut: 1}}

@@ -1,0 +1,89 @@
+package lab
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lmwarden/caddy-warden/selection"
+)
+
+func TestParsePeople(t *testing.T) {
+	if got, err := ParsePeople("two"); err != nil || !slices.Equal(got, TwoPeople) {
+		t.Errorf("two: %v, %v", got, err)
+	}
+	got, err := ParsePeople("a:3:0s, b:1:1m")
+	if want := []Person{{"a", 3, 0}, {"b", 1, time.Minute}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("a:3:0s,b:1:1m: %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"a:3", "a:0:1s", "a:x:1s", "a:1:-1s", "a:1:soon", ":1:1s", "a:1:1s,a:2:1s"} {
+		if _, err := ParsePeople(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// Each person's turns reach load control in its own flow, each has its
+// own row, and a person's sessions are the same alone and beside others.
+func TestPeopleShareTheFleetInTheirOwnFlows(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Duration, cfg.Warmup, cfg.People = time.Minute, 20*time.Second, TwoPeople
+	policy, out := runFresh(t, cfg, PolicyAdmission, Sessions(TwoPeople), 1)
+	flows := policy.(*admissionPolicy).view.Status().Flows.Counted
+	ids := []uint64{}
+	for _, f := range flows {
+		if f.Admitted == 0 {
+			t.Errorf("flow %x admitted no turn", f.ID)
+		}
+		ids = append(ids, f.ID)
+	}
+	slices.Sort(ids)
+	want := []uint64{selection.HashKey("farm"), selection.HashKey("person")}
+	slices.Sort(want)
+	if !slices.Equal(ids, want) {
+		t.Errorf("flows %x, want farm's and person's %x", ids, want)
+	}
+	rows := out.rows(PolicyAdmission, cfg.People)
+	if len(rows) != 2 || rows[0].Person != "farm" || rows[0].Sessions != 20 || rows[1].Person != "person" ||
+		rows[1].Sessions != 2 || rows[1].ThinkTimeS != 30 || rows[0].Requests == 0 || rows[1].Requests == 0 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if rows[0].Requests+rows[1].Requests != out.summary.Requests {
+		t.Errorf("the people's rows count %d and %d requests, the run %d", rows[0].Requests, rows[1].Requests, out.summary.Requests)
+	}
+
+	cfg.OneFlow = true
+	policy, _ = runFresh(t, cfg, PolicyAdmission, Sessions(TwoPeople), 1)
+	if flows := policy.(*admissionPolicy).view.Status().Flows.Counted; len(flows) != 1 || flows[0].ID != 0 {
+		t.Errorf("one flow: %+v", flows)
+	}
+
+	alone := cfg
+	alone.People = TwoPeople[1:]
+	_, aloneOut := runFresh(t, alone, PolicyAdmission, Sessions(alone.People), 1)
+	if first, firstAlone := firstSession(out, 1), firstSession(aloneOut, 0); first == "" || first != firstAlone {
+		t.Errorf("person's first session %q beside the farm, %q alone", first, firstAlone)
+	}
+}
+
+// firstSession is the ID of the first session person started in the run.
+func firstSession(out *outcome, person int) string {
+	s := out.sim
+	first := ""
+	for _, r := range s.results {
+		if s.personOf[r.SessionID] == person && r.SessionIndex == 0 {
+			first = r.SessionID
+		}
+	}
+	return first
+}
+
+func TestSweepWithPeopleNeedsTheirSessionsAsTheLevel(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.People = TwoPeople
+	_, err := Sweep(cfg, Plan{Policies: []string{PolicyAdmission}, Levels: []int{8}, Seeds: []int64{1}}, 1, nil)
+	if err == nil || !strings.Contains(err.Error(), "people") {
+		t.Fatalf("a level of 8 for 22 people's sessions: %v", err)
+	}
+}
