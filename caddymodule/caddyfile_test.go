@@ -137,13 +137,18 @@ func TestParseGlobalOptionErrors(t *testing.T) {
 		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled maybe\n\t\t}"), 5, `tls_enabled: expected on or off, got "maybe"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled true\n\t\t}"), 5, `tls_enabled: expected on or off, got "true"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tpin_store redis {\n\t\t\ttls_enabled\n\t\t}"), 5, "tls_enabled: expected on or off"},
-		// Load control: a word, no block.
+		// Load control: a word, and a block with flow_header only.
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control maybe"), 4, `load_control: expected off, on or farm, got "maybe"`},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control"), 4, "load_control: expected off, on or farm"},
 		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on off"), 4, `load_control: unexpected argument "off"`},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.9\n\t\t}"), 5,
-			"load_control takes no block: write load_control on, or load_control farm for the farm preset (what quantum off, stagger 15s, fill_range 0.92 0.98 and touch on set); its other settings are JSON fields, see docs/load-control.md"},
-		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tquantum off\n\t\t}"), 5, "load_control takes no block"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tflow_header X-Team\n\t\t}"), 4, "load_control: expected off, on or farm"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tquantum off\n\t\t}"), 5,
+			"quantum is a JSON field of load_control, not a Caddyfile option: load_control farm is the farm preset (what quantum off, stagger 15s, fill_range 0.92 0.98 and touch on set); see docs/load-control.md"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tflow_key X-Team\n\t\t}"), 5, `unrecognized load_control option "flow_key"; expected flow_header`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tflow_header\n\t\t}"), 5, "flow_header: expected a header name"},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tflow_header X-Team X-Org\n\t\t}"), 5, `flow_header: unexpected argument "X-Org"`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tflow_header \"X Team\"\n\t\t}"), 5, `flow_header: "X Team" is not a header name`},
+		{wardenOption("replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tflow_header A\n\t\t\tflow_header B\n\t\t}"), 6, "flow_header given twice"},
 		// The option and model lines themselves.
 		{"warden on {\n}", 1, "wrong argument count or unexpected line ending after 'on'"},
 		{"warden {\n\tmodel {\n\t}\n}", 2, "model needs a name: model <name> { ... }"},
@@ -258,8 +263,11 @@ func TestParseLoadControl(t *testing.T) {
 		}
 	}
 	var absent *LoadControlConfig
-	if got := absent.admission(); got.Enabled {
+	if got := absent.admission(); got.Enabled || absent.flowHeader() != "" {
 		t.Error("no load_control line turns it on")
+	}
+	if got := parse(t, "load_control farm {\n\t\t\tflow_header X-Team\n\t\t}"); got.FlowHeader != "X-Team" || got.Preset != "farm" || !got.Enabled {
+		t.Errorf("load_control farm with flow_header: %+v", got)
 	}
 }
 
@@ -287,6 +295,8 @@ func TestLoadControlValidate(t *testing.T) {
 		// The preset's range must still hold a fill set over it.
 		{LoadControlConfig{Preset: "farm", Fill: 0.99}, "with fill (0.99) between them, got 0.92 and 0.98"},
 		{LoadControlConfig{Preset: "farm", Fill: 0.99, FillMin: 0.9, FillMax: 1}, ""},
+		{LoadControlConfig{Enabled: true, FlowHeader: "X-Team"}, ""},
+		{LoadControlConfig{Enabled: true, FlowHeader: "X Team"}, `flow_header "X Team" is not a header name`},
 	} {
 		m := &ModelConfig{Replicas: []ReplicaConfig{{Address: "127.0.0.1:1"}}, LoadControl: &c.lc}
 		err := m.validate("m")

@@ -141,7 +141,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"replica {\n\t\t\tprocess vllm serve m\n\t\t}", "give the replica an address or the command a --port"},
 		{"replica 127.0.0.1:1 {\n\t\t\tdir /tmp\n\t\t}", "the block needs a process line"},
 		{"replica {\n\t\t\tprocess vllm serve m --port x\n\t\t}", "--port"},
-		{"replicas 127.0.0.1:1\n\t\tload_control {\n\t\t\tfill 0.9\n\t\t}", "load_control takes no block: write load_control on, or load_control farm"},
+		{"replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tfill 0.9\n\t\t}", "fill is a JSON field of load_control, not a Caddyfile option"},
+		{"replicas 127.0.0.1:1\n\t\tload_control on {\n\t\t\tflow_header \"X Team\"\n\t\t}", `flow_header: "X Team" is not a header name`},
 		{"replicas 127.0.0.1:1\n\t\tload_control yes", `load_control: expected off, on or farm, got "yes"`},
 	}
 	for _, c := range cases {

@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/lmwarden/caddy-warden/inflight"
 	"github.com/lmwarden/caddy-warden/metrics"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 // varQueued is how long the turn waited for load control, in seconds; set
@@ -28,11 +28,11 @@ const (
 	outcomeCancelled = "cancelled" // its client left while it waited
 )
 
-// admit asks load control whether the request's turn may go to a replica
-// now, and holds it in the request's own goroutine while it must wait. It
-// reports false when the turn must not be sent: the queue is full, or its
-// client left while it waited.
-func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Request, pool reverseproxy.UpstreamPool) bool {
+// admit asks load control whether the request's turn, routed as req, may
+// go to a replica now, and holds it in the request's own goroutine while it
+// must wait. It reports false when the turn must not be sent: the queue is
+// full, or its client left while it waited.
+func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Request, req selection.Request) bool {
 	if !p.view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
@@ -47,9 +47,9 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Re
 	// After the body read for its prefix, if it was: the wait counts the
 	// rest of the upload, as max_wait does.
 	start := p.clock.Now()
-	// The ticket keeps usable: other requests' ends admit the turn with it.
-	usable := func(addr string) bool { return p.usable(pool, addr) }
-	t := p.view.Admit(held.ID.Key, held.Body, usable, start, func() { close(ready) })
+	// The ticket keeps req.Usable: other requests' ends admit the turn with it.
+	req.Now, req.Flow = start, sessionkey.Flow(r.Header, p.cfg.LoadControl.flowHeader())
+	t := p.view.Admit(req, held.Body, func() { close(ready) })
 	held.Ticket = t
 	if t == nil {
 		return true // affinity off, or no key to hold the turn by

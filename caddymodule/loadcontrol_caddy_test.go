@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -111,16 +112,22 @@ func waitingIs(t *testing.T, f *fleet, n int) panel.ModelStatus {
 // waiting), from the admin address's goroutine profile.
 func heldGoroutines(t *testing.T, f *fleet) int {
 	t.Helper()
-	resp, err := http.Get("http://" + f.caddy.Admin + "/debug/pprof/goroutine?debug=2")
+	return strings.Count(adminGet(t, f, "/debug/pprof/goroutine?debug=2"), "caddymodule.(*Policy).wait(")
+}
+
+// adminGet is the body of an admin address's GET of path, as sent.
+func adminGet(t *testing.T, f *fleet, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + f.caddy.Admin + path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	dump, err := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(dump), "caddymodule.(*Policy).wait(")
+	return string(body)
 }
 
 func TestLoadControlHoldsCancelsAndRefuses(t *testing.T) {
@@ -371,4 +378,123 @@ func TestLoadControlStaggersNewConversations(t *testing.T) {
 	if lc := st.LoadControl; lc.Queued != 2 || lc.Forced != 0 || st.Replicas[0].Residents != 3 {
 		t.Errorf("load_control %+v, %d residents; want the two newcomers queued, all three resident", lc, st.Replicas[0].Residents)
 	}
+}
+
+// Two people share one replica through Caddy: while a resident runs, one
+// person's three turns wait, then the other's one; once the resident
+// leaves, the queue takes the people in turn (a1, b1, a2, a3), not in the
+// order they came, whether their API keys tell them apart or the
+// flow_header a Caddyfile names does (there over the keys, which then
+// cross). The admin JSON and the metrics count each flow under its hashed
+// ID, never in clear.
+func TestLoadControlSharesTheQueueBetweenPeople(t *testing.T) {
+	for _, c := range []struct {
+		name, block string
+		a, b        func(turn int) []string // a person's headers for a turn
+		secrets     []string
+	}{
+		{"api keys", "load_control on",
+			func(int) []string { return []string{"X-Api-Key", "key-a"} },
+			func(int) []string { return []string{"Authorization", "Bearer key-b"} },
+			[]string{"key-a", "key-b"}},
+		{"flow_header", "load_control on {\n\t\t\t\tflow_header X-Team\n\t\t\t}",
+			func(turn int) []string { return []string{"X-Team", "team-red", "X-Api-Key", fmt.Sprint("key-", turn)} },
+			func(int) []string { return []string{"X-Team", "team-blue", "X-Api-Key", "key-1"} },
+			[]string{"team-red", "team-blue", "key-1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			backend := startFakeVLLM(t, "a", 1)
+			setup := loadControlSetup(map[string]any{"linger": "1s", "max_wait": "1m"})
+			setup.modelBlock = "replicas {replicas}\n\t\t\t" + c.block
+			f := startFleetWith(t, setup, backend)
+			ctx, endResident := context.WithCancel(context.Background())
+			defer endResident()
+			resp, err := f.send(ctx, "resident", append(c.a(0), holdHeader, "1m", stopReasonHeader, "tool_use")...)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("the resident: %v, %v", resp, err)
+			}
+			defer resp.Body.Close()
+			var answers []<-chan answer
+			send := func(conv string, headers []string) {
+				done := make(chan answer, 1)
+				go func() {
+					// Each turn ends its agent's task: its conversation
+					// leaves as it ends, and the next turn is admitted.
+					resp, err := f.send(context.Background(), conv, headers...)
+					if err != nil {
+						done <- answer{err: err}
+						return
+					}
+					defer resp.Body.Close()
+					_, err = io.Copy(io.Discard, resp.Body)
+					done <- answer{status: resp.StatusCode, err: err}
+				}()
+				answers = append(answers, done)
+				waitingIs(t, f, len(answers))
+			}
+			for turn := 1; turn <= 3; turn++ {
+				send(fmt.Sprint("a", turn), c.a(turn))
+			}
+			send("b1", c.b(1))
+
+			body := adminGet(t, f, "/warden/models/m")
+			for _, secret := range c.secrets {
+				if strings.Contains(body, secret) {
+					t.Errorf("the admin JSON shows %q", secret)
+				}
+			}
+			flows := f.status(t).LoadControl.Flows
+			if len(flows) != 2 || flows[0].Waiting != 1 || flows[1].Waiting != 3 || flows[1].Admitted != 1 ||
+				len(flows[0].Flow) != 16 || len(flows[1].Flow) != 16 || flows[0].Flow == flows[1].Flow {
+				t.Fatalf("flows %+v, want b's with 1 waiting, then a's with 3 waiting and the resident admitted, each by a 16-digit ID", flows)
+			}
+
+			endResident() // it lingers 1 s, then the queue moves
+			for _, done := range answers {
+				if a := <-done; a.err != nil || a.status != http.StatusOK {
+					t.Fatalf("a queued turn: %+v", a)
+				}
+			}
+			if got, want := seenInOrder(backend), []string{"resident", "a1", "b1", "a2", "a3"}; !slices.Equal(got, want) {
+				t.Errorf("the replica saw %v, want %v", got, want)
+			}
+			lc := f.status(t).LoadControl
+			byID := map[string]panel.FlowStatus{}
+			for _, fl := range lc.Flows {
+				byID[fl.Flow] = fl
+			}
+			a, b := byID[flows[1].Flow], byID[flows[0].Flow]
+			if a.Admitted != 4 || a.Queued != 3 || a.Waiting != 0 || a.WaitedSeconds <= 0 || b.Admitted != 1 || b.Queued != 1 || b.WaitedSeconds <= 0 {
+				t.Errorf("after the queue emptied: a %+v, b %+v", a, b)
+			}
+
+			families := scrapeMetrics(t, f)
+			checkMetricsDocumented(t, families, loadControlSeries)
+			for _, m := range families["caddy_warden_load_control_flow_turns_total"].GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				fl, ok := byID[labels["flow"]]
+				if labels["flow"] == "other" {
+					fl, ok = lc.OtherFlows, true
+				}
+				want := map[string]uint64{"admitted": fl.Admitted, "queued": fl.Queued, "refused": fl.Refused}[labels["result"]]
+				if !ok || m.GetCounter().GetValue() != float64(want) {
+					t.Errorf("flow_turns_total%v = %v, the admin JSON's flows %+v", labels, m.GetCounter().GetValue(), lc.Flows)
+				}
+			}
+		})
+	}
+}
+
+// seenInOrder is the conversations of the requests b got, in order.
+func seenInOrder(b *fakeVLLM) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, s := range b.seen {
+		out = append(out, s.session)
+	}
+	return out
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/lmwarden/caddy-warden/selection"
 )
@@ -74,6 +75,21 @@ type LoadControlConfig struct {
 	// resident due back soonest, not the departed's (default off; the farm
 	// preset: on).
 	Touch bool `json:"touch,omitempty"`
+	// FlowHeader names the header whose value says whose a turn is, for
+	// load control's fair share between people (`load_control on {
+	// flow_header X-Team }`); unset, or absent from a request, the
+	// credential of its Authorization header tells it, else its x-api-key.
+	// Values are hashed, never kept in clear.
+	FlowHeader string `json:"flow_header,omitempty"`
+}
+
+// flowHeader is the header that names a turn's flow; "" reads the
+// credential.
+func (c *LoadControlConfig) flowHeader() string {
+	if c == nil {
+		return ""
+	}
+	return c.FlowHeader
 }
 
 // presetFarm names the farm preset: `load_control farm`.
@@ -154,6 +170,8 @@ func (c *LoadControlConfig) validate() error {
 		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
 	case c.Quantum < -1:
 		return fmt.Errorf("load_control: quantum must be a number of turns, 0 for the default (%d) or -1 for never", selection.DefaultAdmissionQuantum)
+	case c.FlowHeader != "" && !httpguts.ValidHeaderFieldName(c.FlowHeader):
+		return fmt.Errorf("load_control: flow_header %q is not a header name", c.FlowHeader)
 	}
 	return validateFillRange(c.admission())
 }
@@ -174,23 +192,46 @@ func validateFillRange(a selection.AdmissionConfig) error {
 	return nil
 }
 
-// parseLoadControl reads `load_control off|on|farm`.
+// parseLoadControl reads `load_control off|on|farm`, with an optional
+// block `{ flow_header <header> }`.
 func parseLoadControl(d *caddyfile.Dispenser) (*LoadControlConfig, error) {
 	var word string
 	if d.NextArg() {
 		word = d.Val()
 	}
-	if d.NextBlock(d.Nesting()) {
-		return nil, d.Err("load_control takes no block: write load_control on, or load_control farm for the farm preset " +
-			"(what quantum off, stagger 15s, fill_range 0.92 0.98 and touch on set); its other settings are JSON fields, see docs/load-control.md")
-	}
+	var c *LoadControlConfig
 	switch word {
 	case "off", "on":
-		return &LoadControlConfig{Enabled: word == "on"}, nil
+		c = &LoadControlConfig{Enabled: word == "on"}
 	case presetFarm:
-		return &LoadControlConfig{Enabled: true, Preset: presetFarm}, nil
+		c = &LoadControlConfig{Enabled: true, Preset: presetFarm}
 	case "":
 		return nil, d.Err("load_control: expected off, on or farm")
+	default:
+		return nil, d.Errf("load_control: expected off, on or farm, got %q", word)
 	}
-	return nil, d.Errf("load_control: expected off, on or farm, got %q", word)
+	err := parseBlock(d, "load_control", map[string]option{
+		"flow_header": {parse: func(d *caddyfile.Dispenser) error {
+			if !d.Args(&c.FlowHeader) {
+				return d.Err("flow_header: expected a header name")
+			}
+			if !httpguts.ValidHeaderFieldName(c.FlowHeader) {
+				return d.Errf("flow_header: %q is not a header name", c.FlowHeader)
+			}
+			return nil
+		}},
+	}, loadControlJSONOnly)
+	return c, err
 }
+
+// loadControlJSONOnly are load control's settings a Caddyfile does not
+// take, each with where to set it.
+var loadControlJSONOnly = func() map[string]string {
+	out := map[string]string{}
+	for _, name := range []string{"fill", "linger", "max_wait", "max_queue", "capacity_tokens", "quantum", "stagger",
+		"min_residents", "fill_min", "fill_max", "fill_range", "touch"} {
+		out[name] = name + " is a JSON field of load_control, not a Caddyfile option: load_control farm is the farm preset " +
+			"(what quantum off, stagger 15s, fill_range 0.92 0.98 and touch on set); see docs/load-control.md"
+	}
+	return out
+}()

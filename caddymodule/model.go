@@ -57,6 +57,7 @@ func loadModel(name string, cfg *ModelConfig, store *pinstore.Store, procs []pro
 	}
 	spec := livemodel.Spec{
 		MaxNumSeqsSource:    cfg.maxNumSeqsSource,
+		FlowHeader:          cfg.LoadControl.flowHeader(),
 		KVEvents:            cfg.kvEvents(),
 		PinSnapshotInterval: cfg.pinSnapshotInterval(),
 		Store:               store,

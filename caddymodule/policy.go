@@ -152,7 +152,7 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		if p.view.WantsPrefix(held.ID.Key) {
 			readPrefix(r, &held.Body)
 		}
-		if req.ClientReplica == "" && !p.admit(r, w, held, pool) {
+		if req.ClientReplica == "" && !p.admit(r, w, held, req) {
 			held.TurnedAway = true
 			return nil
 		}

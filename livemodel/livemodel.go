@@ -50,9 +50,11 @@ type Model struct {
 // Spec is what one config says of the model.
 type Spec struct {
 	Fleet fleet.Spec
-	// MaxNumSeqsSource says where Fleet's max_num_seqs came from, for the
-	// admin API.
+	// MaxNumSeqsSource says where Fleet's max_num_seqs came from, and
+	// FlowHeader the header that names a turn's flow for load control
+	// ("" reads the credential), for the admin API.
 	MaxNumSeqsSource string
+	FlowHeader       string
 	// KVEvents is where each replica that publishes its KV cache events
 	// does, by replica ID.
 	KVEvents map[string]kvevents.Options

@@ -18,6 +18,9 @@ var (
 	descReplyTokens        = desc("load_control_reply_tokens_total", "Prompt tokens the replies of admitted turns reported (read by warden_stop_reason), by turn (resident: its conversation was resident when it arrived; non_resident: the others) and part (prompt: all; cached: found in the prefix cache, reported by vLLM with --enable-prompt-tokens-details).", "model", "turn", "part")
 	descLoadControlAside   = desc("load_control_stepped_aside", "1 while load control steps aside, admitting every turn at once, because most idle residents' residency expired before their conversation came back (set once late_share in the admin API is over 0.5, cleared once it is below 0.35); else 0.", "model")
 	descBytesPerToken      = desc("load_control_bytes_per_token", "Request body bytes per prompt token, learned from the replies' prompt sizes; load control sizes turns by it (4 before any reply).", "model")
+	descFlowWaiting        = desc("load_control_flow_waiting", "Turns of the flow (a person or an API key, by its hashed ID; other: the flows folded out of the 256 counted apart) held by load control now.", "model", "flow")
+	descFlowTurns          = desc("load_control_flow_turns_total", "Turns of the flow load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), refused (answered 503: the queue was full). A flow folded into other takes its counts there.", "model", "flow", "result")
+	descFlowWaited         = desc("load_control_flow_wait_seconds_total", "Time the flow's turns admitted from load control's queue waited there, in all.", "model", "flow")
 	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size; no sample while unknown.", replicaLabels...)
 
 	// loadControlWaitSeconds times every wait in load control's queue. It
@@ -41,7 +44,8 @@ func ObserveWait(model string, seconds float64) {
 }
 
 func describeLoadControl(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descSharedPrefix, descResidents, descResidentTokens, descKVCapacity} {
+	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descSharedPrefix, descResidents, descResidentTokens, descKVCapacity,
+		descFlowWaiting, descFlowTurns, descFlowWaited} {
 		ch <- d
 	}
 	loadControlWaitSeconds.Describe(ch)
@@ -66,6 +70,13 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc panel
 	ch <- prometheus.MustNewConstMetric(descBytesPerToken, prometheus.GaugeValue, lc.Replies.BytesPerToken, model)
 	if lc.SharedPrefixTokens != nil {
 		ch <- prometheus.MustNewConstMetric(descSharedPrefix, prometheus.GaugeValue, float64(*lc.SharedPrefixTokens), model)
+	}
+	for _, f := range append(lc.Flows, lc.OtherFlows) {
+		ch <- prometheus.MustNewConstMetric(descFlowWaiting, prometheus.GaugeValue, float64(f.Waiting), model, f.Flow)
+		for result, n := range map[string]uint64{"admitted": f.Admitted, "queued": f.Queued, "refused": f.Refused} {
+			ch <- prometheus.MustNewConstMetric(descFlowTurns, prometheus.CounterValue, float64(n), model, f.Flow, result)
+		}
+		ch <- prometheus.MustNewConstMetric(descFlowWaited, prometheus.CounterValue, f.WaitedSeconds, model, f.Flow)
 	}
 }
 

@@ -125,6 +125,14 @@ type LoadControlStatus struct {
 	// Replies is what warden_stop_reason read of the admitted turns'
 	// replies.
 	Replies ReplyUsageStatus `json:"replies"`
+	// FlowHeader is the header whose value names a turn's flow; "" when
+	// the credential does (Authorization, else x-api-key). Flows is each
+	// flow's share of the queue, the most recently active first, at most
+	// 256; OtherFlows adds up the flows folded out of them, the idlest
+	// when more came (selection/flows.go).
+	FlowHeader string       `json:"flow_header"`
+	Flows      []FlowStatus `json:"flows"`
+	OtherFlows FlowStatus   `json:"other_flows"`
 }
 
 // ReplyUsageStatus is what the replies of the turns load control admitted
@@ -295,8 +303,10 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 			TaskEnded:          st.Admission.TaskEnded,
 			SideCalls:          st.Admission.SideCalls,
 			Replies:            replyUsageStatus(st.Admission),
+			FlowHeader:         spec.FlowHeader,
 		},
 	}
+	out.LoadControl.Flows, out.LoadControl.OtherFlows = flowsStatus(st.Flows)
 	if spec.Store != nil {
 		ps := spec.Store.Status()
 		out.PinStore = &ps

@@ -238,20 +238,15 @@ type Body struct {
 	Prefix Prefix
 }
 
-// Admit asks load control whether a turn of the conversation key, whose
-// request body is body, may go to a replica now. With load control
-// off, affinity off or no key, it returns nil: admitted, nothing tracked.
-// A Waiting ticket calls ready, once and outside every lock, when it is
+// Admit asks load control whether req's turn, of the conversation it
+// names, whose request body is body, may go to a replica now. The turn
+// waits in its flow's queue (Request.Flow) and, a sub-agent's or a side
+// call, behind its flow's main turns (flows.go). With load control off,
+// affinity off or no key, it returns nil: admitted, nothing tracked. A
+// Waiting ticket calls ready, once and outside every lock, when it is
 // admitted; the caller must then Pick, and end the ticket with Done, or
 // leave the queue with Cancel or Force.
-func (v *View) Admit(key uint64, body Body, usable func(string) bool, now time.Time, ready func()) *Ticket {
-	return v.AdmitRequest(Request{Hash: key, Usable: usable, Now: now}, body, ready)
-}
-
-// AdmitRequest is Admit for req's turn, which waits in its flow's queue
-// (Request.Flow) and, a sub-agent's or a side call, behind its flow's main
-// turns (flows.go).
-func (v *View) AdmitRequest(req Request, body Body, ready func()) *Ticket {
+func (v *View) Admit(req Request, body Body, ready func()) *Ticket {
 	key, now := req.key(), req.Now
 	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
 		return nil

@@ -48,7 +48,7 @@ func FuzzAdmission(f *testing.F) {
 					req.Parent = HashKey("c0")
 				}
 				tokens := sizes[(arg/4)%len(sizes)]
-				tickets = append(tickets, r.AdmitRequest(req, Body{Bytes: int64(tokens * BytesPerToken)}, nil))
+				tickets = append(tickets, r.View.Admit(req, Body{Bytes: int64(tokens * BytesPerToken)}, nil))
 			case 1:
 				if tk := nth(); tk != nil {
 					prompt := sizes[arg%len(sizes)]

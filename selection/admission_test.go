@@ -15,6 +15,11 @@ func admissionRouter(maxQueue int) testRouter {
 	}})
 }
 
+// admitKey is Admit for a turn of the conversation key, in flow 0.
+func (r testRouter) admitKey(key uint64, body Body, usable func(string) bool, now time.Time, ready func()) *Ticket {
+	return r.View.Admit(Request{Hash: key, Usable: usable, Now: now}, body, ready)
+}
+
 func mustState(t *testing.T, tk *Ticket, want TicketState) {
 	t.Helper()
 	if got := tk.State(); got != want {
@@ -26,7 +31,7 @@ func TestAdmissionHoldsWhatDoesNotFitAndAdmitsInOrder(t *testing.T) {
 	r := admissionRouter(0)
 	var ready []string
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, func() { ready = append(ready, key) })
+		return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, func() { ready = append(ready, key) })
 	}
 	a, b := admit("a", 80), admit("b", 80) // one per replica
 	mustState(t, a, Admitted)
@@ -59,7 +64,7 @@ func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
 	r := admissionRouter(0)
 	var ready []string
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, func() { ready = append(ready, key) })
+		return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, func() { ready = append(ready, key) })
 	}
 	a, b := admit("a", 80), admit("b", 80)
 	c, d := admit("c", 50), admit("d", 40)
@@ -85,10 +90,10 @@ func TestAdmissionLingerExpiryAdmitsTheQueueFirstComeFirstServed(t *testing.T) {
 
 func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
 	r := admissionRouter(0)
-	a := r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	b := r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	a := r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	b := r.admitKey(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
 	called := false
-	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { called = true })
+	c := r.admitKey(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { called = true })
 	mustState(t, c, Waiting)
 	if !c.Cancel(t0) {
 		t.Fatal("Cancel of a waiting ticket reported it was not waiting")
@@ -113,11 +118,11 @@ func TestAdmissionCancelLeavesNoTrace(t *testing.T) {
 
 func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
 	r := admissionRouter(3)
-	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
 	refused := 0
 	for i := range 1000 {
-		if r.Admit(uint64(i+10), Body{Bytes: 50 * BytesPerToken}, nil, t0, nil).State() == Refused {
+		if r.admitKey(uint64(i+10), Body{Bytes: 50 * BytesPerToken}, nil, t0, nil).State() == Refused {
 			refused++
 		}
 	}
@@ -129,9 +134,9 @@ func TestAdmissionQueueIsBoundedByMaxQueue(t *testing.T) {
 
 func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
 	r := admissionRouter(0)
-	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
+	r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	c := r.admitKey(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { t.Fatal("ready called for a forced ticket") })
 	if !c.Force(t0.Add(time.Minute)) {
 		t.Fatal("Force of a waiting ticket reported it was not waiting")
 	}
@@ -146,11 +151,11 @@ func TestAdmissionForceAdmitsOverCapacity(t *testing.T) {
 
 func TestAdmissionOffAdmitsEverything(t *testing.T) {
 	r := newTestRouter(2, Config{})
-	if tk := r.Admit(HashKey("a"), Body{Bytes: 1 << 30 * BytesPerToken}, nil, t0, nil); tk != nil || tk.State() != Admitted {
+	if tk := r.admitKey(HashKey("a"), Body{Bytes: 1 << 30 * BytesPerToken}, nil, t0, nil); tk != nil || tk.State() != Admitted {
 		t.Fatal("load control off returned a ticket")
 	}
 	on := admissionRouter(0)
-	if tk := on.Admit(0, Body{Bytes: 1 << 30 * BytesPerToken}, nil, t0, nil); tk != nil {
+	if tk := on.admitKey(0, Body{Bytes: 1 << 30 * BytesPerToken}, nil, t0, nil); tk != nil {
 		t.Fatal("an unkeyed request got a ticket")
 	}
 }
@@ -159,7 +164,9 @@ func TestAdmissionQuantumYieldsToWaitingTurns(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: 2,
 	}})
-	turn := func(key string) *Ticket { return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil) }
+	turn := func(key string) *Ticket {
+		return r.admitKey(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	}
 	turn("a").Done(t0) // a's first turn: it lingers, nobody waits
 	b := turn("b")
 	mustState(t, b, Waiting)
@@ -179,7 +186,9 @@ func TestAdmissionTaskEndedLeavesAtOnce(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: 5,
 	}})
-	turn := func(key string) *Ticket { return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil) }
+	turn := func(key string) *Ticket {
+		return r.admitKey(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	}
 	a := turn("a")
 	b := turn("b")
 	mustState(t, b, Waiting)
@@ -205,12 +214,12 @@ func BenchmarkAdmitAmongManyResidents(b *testing.B) {
 		b.Run(fmt.Sprint(residents), func(b *testing.B) {
 			r := newTestRouter(4, Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1 << 30, Linger: time.Hour}})
 			for i := range residents {
-				r.Admit(uint64(i+1), Body{Bytes: 1}, nil, t0, nil).Done(t0)
+				r.admitKey(uint64(i+1), Body{Bytes: 1}, nil, t0, nil).Done(t0)
 			}
 			now := t0.Add(time.Second)
 			b.ReportAllocs()
 			for b.Loop() {
-				r.Admit(1, Body{Bytes: 1}, nil, now, nil).Done(now)
+				r.admitKey(1, Body{Bytes: 1}, nil, now, nil).Done(now)
 			}
 		})
 	}
@@ -223,20 +232,20 @@ func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	a := r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil) // 75 tokens at 4 bytes per token
+	a := r.admitKey(HashKey("a"), Body{Bytes: 300}, nil, t0, nil) // 75 tokens at 4 bytes per token
 	mustState(t, a, Admitted)
 	a.End(t0, Reply{PromptTokens: 100}) // 3 bytes per token: a fills the cache
 	if got := r.View.EstimateTokens(30); got != 10 {
 		t.Fatalf("30 bytes estimated at %d tokens after a reply of 3 bytes per token, want 10", got)
 	}
-	mustState(t, r.Admit(HashKey("b"), Body{Bytes: 30}, nil, t0, nil), Waiting)
+	mustState(t, r.admitKey(HashKey("b"), Body{Bytes: 30}, nil, t0, nil), Waiting)
 
-	a2 := r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil)
+	a2 := r.admitKey(HashKey("a"), Body{Bytes: 300}, nil, t0, nil)
 	mustState(t, a2, Admitted)
 	a2.End(t0, Reply{PromptTokens: 100, CachedTokens: 90, CacheReported: true})
 	// 30 bytes per token (an image, say): the bytes per token learned stay,
 	// but a's residency takes the server's count, and b fits beside it.
-	r.Admit(HashKey("a"), Body{Bytes: 300}, nil, t0, nil).End(t0, Reply{PromptTokens: 10})
+	r.admitKey(HashKey("a"), Body{Bytes: 300}, nil, t0, nil).End(t0, Reply{PromptTokens: 10})
 
 	st := r.Status().Admission
 	want := AdmissionStatus{
@@ -255,9 +264,9 @@ func TestAdmissionSizesAQueuedTurnWhenAdmitted(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	a := r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
+	a := r.admitKey(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
 	mustState(t, a, Admitted)
-	b := r.Admit(HashKey("b"), Body{Bytes: 240}, nil, t0, nil) // 60 more would overfill
+	b := r.admitKey(HashKey("b"), Body{Bytes: 240}, nil, t0, nil) // 60 more would overfill
 	mustState(t, b, Waiting)
 	a.End(t0, Reply{PromptTokens: 80, TaskEnded: true}) // 3 bytes per token; a leaves
 	mustState(t, b, Admitted)
@@ -291,8 +300,8 @@ func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	a := r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
-	b := r.Admit(HashKey("b"), Body{Bytes: 160}, nil, t0, nil) // 40
+	a := r.admitKey(HashKey("a"), Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
+	b := r.admitKey(HashKey("b"), Body{Bytes: 160}, nil, t0, nil) // 40
 	mustState(t, a, Admitted)
 	mustState(t, b, Admitted)
 	b.End(t0, Reply{PromptTokens: 41}) // within the slack: stays
@@ -300,8 +309,8 @@ func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 41 {
 		t.Fatalf("%d resident holding %d tokens, want b alone (41)", got.Residents, got.ResidentTokens)
 	}
-	mustState(t, r.Admit(HashKey("a"), Body{Bytes: 240}, nil, t0, nil), Waiting)
-	b2 := r.Admit(HashKey("b"), Body{Bytes: 160}, nil, t0, nil)
+	mustState(t, r.admitKey(HashKey("a"), Body{Bytes: 240}, nil, t0, nil), Waiting)
+	b2 := r.admitKey(HashKey("b"), Body{Bytes: 160}, nil, t0, nil)
 	mustState(t, b2, Admitted)
 	// Sized at the learned bytes per token, a turn denser than the mean
 	// keeps its residency though its replica overflows.
@@ -321,7 +330,7 @@ func TestAdmissionPlacesOnHealthyReplicas(t *testing.T) {
 	for _, rep := range r.Replicas() {
 		r.SetLoad(rep.ID, Load{Known: true, KVTokens: 100})
 	}
-	a := r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	a := r.admitKey(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
 	home := id(pick(t, r, "a"))
 	var other string
 	for _, rep := range r.Replicas() {
@@ -330,8 +339,8 @@ func TestAdmissionPlacesOnHealthyReplicas(t *testing.T) {
 		}
 	}
 	r.SetLoad(other, Load{}) // a failed scrape: load unknown, the cache still 100 tokens
-	b := r.Admit(HashKey("b"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
-	c := r.Admit(HashKey("c"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	b := r.admitKey(HashKey("b"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	c := r.admitKey(HashKey("c"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
 	mustState(t, b, Admitted) // on other
 	mustState(t, c, Waiting)  // other's 100 tokens are full too
 	b.Done(t0)
@@ -348,7 +357,7 @@ func TestAdmissionPlacesOnHealthyReplicas(t *testing.T) {
 // with it: its turns go there now.
 func TestAdmissionFollowsAnAdoptedPin(t *testing.T) {
 	r := admissionRouter(0)
-	a := r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
+	a := r.admitKey(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0, nil)
 	home := id(pick(t, r, "a"))
 	a.Done(t0)
 	for _, rep := range r.Replicas() {
@@ -356,7 +365,7 @@ func TestAdmissionFollowsAnAdoptedPin(t *testing.T) {
 			t.Fatal("adopting a's pin on the other replica failed")
 		}
 	}
-	again := r.Admit(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0.Add(time.Second), nil)
+	again := r.admitKey(HashKey("a"), Body{Bytes: 80 * BytesPerToken}, nil, t0.Add(time.Second), nil)
 	mustState(t, again, Admitted)
 	d := r.Pick(Request{Key: "a", Now: t0.Add(time.Second)})
 	for _, rs := range r.Status().Replicas {
@@ -370,10 +379,10 @@ func TestAdmissionFollowsAnAdoptedPin(t *testing.T) {
 // next sweep: nothing would admit them before max_wait.
 func TestAdmissionTurnedOffReleasesTheWaiting(t *testing.T) {
 	r := admissionRouter(0)
-	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
 	woke := false
-	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { woke = true })
+	c := r.admitKey(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, func() { woke = true })
 	mustState(t, c, Waiting)
 	r.reload(Config{Affinity: true}, servers(2))
 	r.Sweep(t0.Add(time.Second))
@@ -387,10 +396,10 @@ func TestAdmissionTurnedOffReleasesTheWaiting(t *testing.T) {
 // brought keeps no room, and the next waiting turn goes in at once.
 func TestAdmissionCancelledAsAdmittedLeavesNoResidency(t *testing.T) {
 	r := admissionRouter(0)
-	a := r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	c := r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	d := r.Admit(HashKey("d"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	a := r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	c := r.admitKey(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	d := r.admitKey(HashKey("d"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
 	a.End(t0, Reply{TaskEnded: true}) // a leaves: c is admitted
 	mustState(t, c, Admitted)
 	c.Cancel(t0) // its client left at that instant
@@ -422,7 +431,7 @@ func TestAdmissionCancelKeepsAResidencyThatPredatesTheTicket(t *testing.T) {
 	mustState(t, d1, Admitted)
 	mustState(t, head, Waiting)
 	d1.Cancel(t0.Add(time.Minute))
-	d3 := r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0.Add(time.Minute+time.Second), nil)
+	d3 := r.admitKey(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0.Add(time.Minute+time.Second), nil)
 	mustState(t, d3, Admitted) // within its linger
 }
 
@@ -430,10 +439,10 @@ func TestAdmissionCancelKeepsAResidencyThatPredatesTheTicket(t *testing.T) {
 // waiting for room, and two turns of d waiting behind it.
 func blockedHeadAndTwoTurns() (r testRouter, head, d1, d2 *Ticket) {
 	r = admissionRouter(0)
-	r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	r.Admit(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	head = r.Admit(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
-	d1 = r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
-	d2 = r.Admit(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	r.admitKey(HashKey("b"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	head = r.admitKey(HashKey("c"), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil)
+	d1 = r.admitKey(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
+	d2 = r.admitKey(HashKey("d"), Body{Bytes: 10 * BytesPerToken}, nil, t0, nil)
 	return r, head, d1, d2
 }

@@ -19,7 +19,7 @@ func newAsideRouter(cfg AdmissionConfig) *asideRouter {
 }
 
 func (r *asideRouter) admit(key string, tokens int) *Ticket {
-	return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, r.now, nil)
+	return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, r.now, nil)
 }
 
 func (r *asideRouter) lc() AdmissionStatus { return r.Status().Admission }
@@ -161,7 +161,7 @@ func TestAdmissionAbandonedConversationsAreNotLate(t *testing.T) {
 
 	flood := newTestRouter(1, Config{Admission: AdmissionConfig{Enabled: true, CapacityTokens: 1 << 30, Linger: time.Second}})
 	for i := range expiriesKept + 100 {
-		flood.Admit(HashKey(fmt.Sprintf("flood-%d", i)), Body{Bytes: BytesPerToken}, nil, t0, nil).Done(t0)
+		flood.admitKey(HashKey(fmt.Sprintf("flood-%d", i)), Body{Bytes: BytesPerToken}, nil, t0, nil).Done(t0)
 	}
 	flood.Sweep(t0.Add(2 * time.Second))
 	if n := len(flood.Router.gate.expired); n != expiriesKept {
@@ -233,7 +233,7 @@ func TestAdmissionResidencyFollowsAMovedPin(t *testing.T) {
 		t.Fatalf("a and x on one replica, %s", home)
 	}
 	r.now = r.now.Add(61 * time.Second) // a's replica may take its next newcomer
-	c := r.Admit(HashKey("c"), Body{Bytes: 10 * BytesPerToken}, func(id string) bool { return id == home }, r.now, nil)
+	c := r.admitKey(HashKey("c"), Body{Bytes: 10 * BytesPerToken}, func(id string) bool { return id == home }, r.now, nil)
 	mustState(t, c, Admitted)
 	if pin := id(r.Pick(Request{Key: "c", Now: r.now})); pin != home {
 		t.Fatalf("c on %s, want %s", pin, home)

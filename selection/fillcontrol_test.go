@@ -21,7 +21,7 @@ func TestFillFollowsTheResidentTurnsHits(t *testing.T) {
 	at := t0
 	turn := func(reply Reply) {
 		at = at.Add(time.Second)
-		tk := r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, at, nil)
+		tk := r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, at, nil)
 		mustState(t, tk, Admitted)
 		tk.End(at, reply)
 	}
@@ -65,7 +65,7 @@ func TestFillRangeChangedByAReload(t *testing.T) {
 	at := t0
 	for range 40 * fillWindow { // misses: the fill falls to 0.5
 		at = at.Add(time.Second)
-		r.Admit(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, at, nil).End(at, Reply{PromptTokens: 100, CacheReported: true})
+		r.admitKey(HashKey("a"), Body{Bytes: 100 * BytesPerToken}, nil, at, nil).End(at, Reply{PromptTokens: 100, CacheReported: true})
 	}
 	if got := r.Status().Replicas[0].Fill; got != 0.5 {
 		t.Fatalf("fill %v after misses, want 0.5", got)

@@ -33,7 +33,7 @@ func newFlowBench(t *testing.T) *flowBench {
 func (b *flowBench) admit(name string, req Request) *Ticket {
 	req.Key, req.Now = name, b.now
 	var tk *Ticket
-	tk = b.r.AdmitRequest(req, Body{Bytes: 100 * BytesPerToken}, func() {
+	tk = b.r.View.Admit(req, Body{Bytes: 100 * BytesPerToken}, func() {
 		b.order = append(b.order, name)
 		b.running = tk
 	})
@@ -164,13 +164,13 @@ func TestFlowCountsAreBounded(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1, MaxQueue: 10,
 	}})
-	fill := r.AdmitRequest(Request{Key: "fill", Flow: 1, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
-	waiting := r.AdmitRequest(Request{Key: "waits", Flow: 2, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+	fill := r.View.Admit(Request{Key: "fill", Flow: 1, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+	waiting := r.View.Admit(Request{Key: "waits", Flow: 2, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
 	mustState(t, waiting, Waiting)
 	const flood = 10_000
 	for i := range flood {
 		// Each a resident's turn: admitted at once, whatever the queue.
-		r.AdmitRequest(Request{Key: "fill", Flow: uint64(1000 + i), Now: t0}, Body{Bytes: BytesPerToken}, nil).Done(t0)
+		r.View.Admit(Request{Key: "fill", Flow: uint64(1000 + i), Now: t0}, Body{Bytes: BytesPerToken}, nil).Done(t0)
 	}
 	st := r.Status()
 	if len(st.Flows.Counted) != maxFlowsCounted {
@@ -201,12 +201,12 @@ func TestANewFlowCountsWithTheFoldedOnesWhenEveryCountedFlowWaits(t *testing.T) 
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	first := r.AdmitRequest(Request{Key: "first", Flow: 0, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
-	r.AdmitRequest(Request{Key: "w", Flow: 0, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+	first := r.View.Admit(Request{Key: "first", Flow: 0, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+	r.View.Admit(Request{Key: "w", Flow: 0, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
 	for i := range maxFlowsCounted - 1 {
-		r.AdmitRequest(Request{Key: fmt.Sprint("w", i), Flow: uint64(i + 1), Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+		r.View.Admit(Request{Key: fmt.Sprint("w", i), Flow: uint64(i + 1), Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
 	}
-	extra := r.AdmitRequest(Request{Key: "extra", Flow: 9999, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+	extra := r.View.Admit(Request{Key: "extra", Flow: 9999, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
 	mustState(t, extra, Waiting)
 	flows := r.Status().Flows
 	if len(flows.Counted) != maxFlowsCounted || flows.Other.Waiting != 1 || flows.Other.Queued != 1 {

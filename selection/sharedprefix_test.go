@@ -17,7 +17,7 @@ func sharedRouter(capacity int) testRouter {
 // endTurn admits a 60-token turn of key and ends it with its reply.
 func endTurn(t *testing.T, r testRouter, key string, reply Reply) {
 	t.Helper()
-	tk := r.Admit(HashKey(key), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
+	tk := r.admitKey(HashKey(key), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
 	mustState(t, tk, Admitted)
 	tk.End(t0, reply)
 }
@@ -67,8 +67,8 @@ func TestSharedPrefixIsCountedOnce(t *testing.T) {
 	tight := r.cfg
 	tight.Admission.CapacityTokens = 150
 	r.reload(tight, servers(1))
-	mustState(t, r.Admit(HashKey("fits"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Admitted)
-	mustState(t, r.Admit(HashKey("too-large"), Body{Bytes: 200 * BytesPerToken}, nil, t0, nil), Waiting)
+	mustState(t, r.admitKey(HashKey("fits"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Admitted)
+	mustState(t, r.admitKey(HashKey("too-large"), Body{Bytes: 200 * BytesPerToken}, nil, t0, nil), Waiting)
 
 	if got := r.distinct(residency{count: 3, tokens: 30}, 0); got != 10 {
 		t.Errorf("3 residents of 10 tokens with 50 shared hold %d, want a mean prompt, 10", got)
@@ -99,7 +99,7 @@ func TestSharedPrefixUnknownCountsPromptsWhole(t *testing.T) {
 	for _, key := range []string{"a", "b"} {
 		endTurn(t, r, key, Reply{PromptTokens: 60}) // no cached part reported
 	}
-	mustState(t, r.Admit(HashKey("c"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Waiting)
+	mustState(t, r.admitKey(HashKey("c"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Waiting)
 	if st := r.Status(); st.Admission.SharedPrefixSource != SharedUnknown || st.Replicas[0].ResidentTokens != 120 {
 		t.Fatalf("shared prefix from %v, resident tokens %d; want unknown, 120", st.Admission.SharedPrefixSource, st.Replicas[0].ResidentTokens)
 	}
@@ -144,7 +144,7 @@ func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute,
 	}})
 	admit := func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+		return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
 	}
 	a, b := admit("a", 40), admit("b", 40)
 	mustState(t, a, Admitted)
@@ -178,7 +178,7 @@ func TestSharedPrefixReadFromRequests(t *testing.T) {
 	r := sharedRouter(10000)
 	turn := func(key string, prefix Prefix, reply Reply) {
 		t.Helper()
-		tk := r.Admit(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
+		tk := r.admitKey(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
 		mustState(t, tk, Admitted)
 		tk.End(t0, reply)
 	}
@@ -266,7 +266,7 @@ func TestSharedPrefixFromRequestsOneSamplePerConversation(t *testing.T) {
 	r := sharedRouter(100000)
 	turn := func(key string, prefix Prefix) {
 		t.Helper()
-		tk := r.Admit(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
+		tk := r.admitKey(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
 		mustState(t, tk, Admitted)
 		tk.End(t0, Reply{TaskEnded: true}) // not resident: its next turn is read again
 	}

@@ -18,7 +18,7 @@ func sideCallRouterTaking(minResidents int) (testRouter, func(key string, tokens
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: minResidents, Linger: time.Minute, Quantum: -1,
 	}})
 	return r, func(key string, tokens int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+		return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
 	}
 }
 
@@ -56,7 +56,7 @@ func TestAdmissionUnsizedTurnIsNoSideCall(t *testing.T) {
 	for _, body := range []Body{{}, {Bytes: 8, Partial: true}} {
 		r, turn := sideCallRouter()
 		turn("a", 80).End(t0, Reply{PromptTokens: 80})
-		r.Admit(HashKey("a"), body, nil, t0, nil).End(t0, Reply{PromptTokens: 85, TaskEnded: true})
+		r.admitKey(HashKey("a"), body, nil, t0, nil).End(t0, Reply{PromptTokens: 85, TaskEnded: true})
 		if got := r.Status().Replicas[0]; got.Residents != 0 {
 			t.Errorf("body %+v: its task end left a resident, want the conversation gone", body)
 		}

@@ -14,7 +14,7 @@ func TestStaggerPacesAFillingReplica(t *testing.T) {
 	}})
 	var ready []string
 	admit := func(key string, at time.Duration) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0.Add(at), func() { ready = append(ready, key) })
+		return r.admitKey(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0.Add(at), func() { ready = append(ready, key) })
 	}
 	a := admit("a", 0)
 	mustState(t, a, Admitted) // an empty replica takes one at once
@@ -48,7 +48,7 @@ func TestNoStaggerFillsAtOnce(t *testing.T) {
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1,
 	}})
 	for _, key := range []string{"a", "b", "c"} {
-		mustState(t, r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil), Admitted)
+		mustState(t, r.admitKey(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, t0, nil), Admitted)
 	}
 }
 
@@ -58,15 +58,15 @@ func TestStaggerAgainAfterAReplicaEmptied(t *testing.T) {
 	r := newTestRouter(1, Config{Admission: AdmissionConfig{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
 	}})
-	a := r.Admit(HashKey("a"), Body{Bytes: 400}, nil, t0, nil)
+	a := r.admitKey(HashKey("a"), Body{Bytes: 400}, nil, t0, nil)
 	r.Sweep(t0.Add(15 * time.Second))
-	b := r.Admit(HashKey("b"), Body{Bytes: 400}, nil, t0.Add(15*time.Second), nil)
+	b := r.admitKey(HashKey("b"), Body{Bytes: 400}, nil, t0.Add(15*time.Second), nil)
 	mustState(t, b, Admitted)
 	a.End(t0.Add(16*time.Second), Reply{TaskEnded: true}) // settled: b still there
 	b.End(t0.Add(17*time.Second), Reply{TaskEnded: true}) // empty again
 	at := t0.Add(18 * time.Second)
-	mustState(t, r.Admit(HashKey("c"), Body{Bytes: 400}, nil, at, nil), Admitted)
-	mustState(t, r.Admit(HashKey("d"), Body{Bytes: 400}, nil, at, nil), Waiting)
+	mustState(t, r.admitKey(HashKey("c"), Body{Bytes: 400}, nil, at, nil), Admitted)
+	mustState(t, r.admitKey(HashKey("d"), Body{Bytes: 400}, nil, at, nil), Waiting)
 }
 
 // staggeredReplica is one replica with room for ten 100-token prompts and
@@ -78,7 +78,7 @@ func staggeredReplica() (testRouter, func(s int) time.Time, func(key string, s i
 	}})
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	admit := func(key string, s int) *Ticket {
-		return r.Admit(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)
+		return r.admitKey(HashKey(key), Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)
 	}
 	return r, at, admit
 }

@@ -22,7 +22,7 @@ func touchReplicaStaggered(t *testing.T, touch bool, stagger time.Duration) (tes
 	sec := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	var tickets []*Ticket
 	for _, key := range []string{"a", "b", "c"} {
-		tk := r.Admit(HashKey(key), Body{Bytes: 300 * BytesPerToken}, nil, sec(0), nil)
+		tk := r.admitKey(HashKey(key), Body{Bytes: 300 * BytesPerToken}, nil, sec(0), nil)
 		mustState(t, tk, Admitted)
 		tickets = append(tickets, tk)
 	}
@@ -37,12 +37,12 @@ func touchReplicaStaggered(t *testing.T, touch bool, stagger time.Duration) (tes
 // turn again: the engine's LRU would evict theirs first.
 func TestTouchHoldsANewcomerUntilTheIdleResidentsReturn(t *testing.T) {
 	r, sec := touchReplica(t, true)
-	d := r.Admit(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil)
+	d := r.admitKey(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil)
 	mustState(t, d, Waiting) // 600 resident + 300 departed + 300 > 1000
-	mustState(t, r.Admit(HashKey("a"), Body{Bytes: 300 * BytesPerToken}, nil, sec(4), nil), Admitted)
+	mustState(t, r.admitKey(HashKey("a"), Body{Bytes: 300 * BytesPerToken}, nil, sec(4), nil), Admitted)
 	r.Sweep(sec(4))
 	mustState(t, d, Waiting) // b is still idle since before c left
-	mustState(t, r.Admit(HashKey("b"), Body{Bytes: 300 * BytesPerToken}, nil, sec(5), nil), Admitted)
+	mustState(t, r.admitKey(HashKey("b"), Body{Bytes: 300 * BytesPerToken}, nil, sec(5), nil), Admitted)
 	r.Sweep(sec(5))
 	mustState(t, d, Admitted)
 }
@@ -51,15 +51,15 @@ func TestTouchHoldsANewcomerUntilTheIdleResidentsReturn(t *testing.T) {
 // so is any without Touch.
 func TestTouchLetsInWhatFits(t *testing.T) {
 	r, sec := touchReplica(t, true)
-	mustState(t, r.Admit(HashKey("d"), Body{Bytes: 100 * BytesPerToken}, nil, sec(3), nil), Admitted)
+	mustState(t, r.admitKey(HashKey("d"), Body{Bytes: 100 * BytesPerToken}, nil, sec(3), nil), Admitted)
 	r, sec = touchReplica(t, false)
-	mustState(t, r.Admit(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil), Admitted)
+	mustState(t, r.admitKey(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil), Admitted)
 }
 
 // The wait is at most Linger: the idle residents' residencies expire.
 func TestTouchWaitsAtMostLinger(t *testing.T) {
 	r, sec := touchReplica(t, true)
-	d := r.Admit(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil)
+	d := r.admitKey(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil)
 	mustState(t, d, Waiting)
 	r.Sweep(sec(3 + 60))
 	mustState(t, d, Admitted)
@@ -70,8 +70,8 @@ func TestTouchWaitsAtMostLinger(t *testing.T) {
 func TestTouchLetsAReturningConversationPass(t *testing.T) {
 	for _, stagger := range []time.Duration{0, time.Nanosecond} {
 		r, sec := touchReplicaStaggered(t, true, stagger) // c left, still pinned
-		mustState(t, r.Admit(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil), Waiting)
-		if c := r.Admit(HashKey("c"), Body{Bytes: 300 * BytesPerToken}, nil, sec(4), nil); c.State() != Admitted {
+		mustState(t, r.admitKey(HashKey("d"), Body{Bytes: 300 * BytesPerToken}, nil, sec(3), nil), Waiting)
+		if c := r.admitKey(HashKey("c"), Body{Bytes: 300 * BytesPerToken}, nil, sec(4), nil); c.State() != Admitted {
 			t.Errorf("stagger %v: c, back to its pin, waits behind d", stagger)
 		}
 	}
@@ -88,18 +88,18 @@ func BenchmarkTouchNewcomerBesideManyIdle(b *testing.B) {
 				only := func(id string) func(string) bool { return func(s string) bool { return s == id } }
 				r0, r1 := only("127.0.0.1:8001"), only("127.0.0.1:8002")
 				for i := range n {
-					r.Admit(uint64(i+1), Body{Bytes: 4}, r0, t0, nil).Done(t0.Add(time.Duration(i)))
+					r.admitKey(uint64(i+1), Body{Bytes: 4}, r0, t0, nil).Done(t0.Add(time.Duration(i)))
 				}
 				at := t0.Add(time.Second)
-				r.Admit(1<<40, Body{Bytes: 4}, r1, at, nil).Done(at)
+				r.admitKey(1<<40, Body{Bytes: 4}, r1, at, nil).Done(at)
 				at = at.Add(time.Second)
-				r.Admit(1<<40+1, Body{Bytes: 4}, r1, at, nil).End(at, Reply{TaskEnded: true})
+				r.admitKey(1<<40+1, Body{Bytes: 4}, r1, at, nil).End(at, Reply{TaskEnded: true})
 				now := at.Add(time.Second)
 				key := uint64(1 << 41)
 				b.ReportAllocs()
 				for b.Loop() {
 					key++
-					tk := r.Admit(key, Body{Bytes: 4}, r1, now, nil)
+					tk := r.admitKey(key, Body{Bytes: 4}, r1, now, nil)
 					if tk.State() != Admitted {
 						b.Fatal("not admitted")
 					}

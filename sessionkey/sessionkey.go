@@ -3,7 +3,8 @@
 // the body of an Anthropic Messages, OpenAI Chat Completions or Responses
 // request, or, for clients that send no ID at all, in a fingerprint of the
 // conversation's head. Every key leaves this package hashed: raw IDs are
-// never kept. The same walk of a body reads the model it names (Model).
+// never kept. The same walk of a body reads the model it names (Model), and
+// Flow tells whose a request is, for load control's fair share.
 package sessionkey
 
 import (

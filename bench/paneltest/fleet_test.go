@@ -227,6 +227,10 @@ func (f *fleet) turn(t *testing.T, session string, maxTokens int) string {
 	return resp.Header.Get(server.EngineHeader)
 }
 
+// apiKeyPrefix starts the API keys of the test's two people, which neither
+// the panel nor its JSON may show.
+const apiKeyPrefix = "panel-key-"
+
 func (f *fleet) send(ctx context.Context, session string, maxTokens int) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.site+"/v1/messages?beta=true",
 		strings.NewReader(prompt(session, maxTokens)))
@@ -235,6 +239,8 @@ func (f *fleet) send(ctx context.Context, session string, maxTokens int) (*http.
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Claude-Code-Session-Id", session)
+	// Two people, so that the panel shows load control's flows.
+	req.Header.Set("X-Api-Key", fmt.Sprint(apiKeyPrefix, session[len(session)-1]%2))
 	return http.DefaultClient.Do(req)
 }
 

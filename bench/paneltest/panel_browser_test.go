@@ -144,7 +144,8 @@ type pageState struct {
 	Badges   map[string]string            `json:"badges"`
 	SpillTip string                       `json:"spill_tip"` // the spill badge's title
 	Rows     map[string]map[string]string `json:"rows"`      // by replica ID, then column
-	RowCount int                          `json:"row_count"`
+	RowCount int                          `json:"row_count"` // of the replica table
+	Flows    map[string]map[string]string `json:"flows"`     // by flow ID, then column
 	Since    string                       `json:"since"`
 	Chart    map[string]float64           `json:"chart"` // drawn height of each series
 	Text     string                       `json:"text"`
@@ -164,12 +165,18 @@ const readPage = `(() => {
 		tr.querySelectorAll('td[data-col]').forEach((td) => { row[td.dataset.col] = td.textContent; });
 		rows[tr.dataset.replica] = row;
 	});
+	const flows = {};
+	s.querySelectorAll('tr[data-flow]').forEach((tr) => {
+		const row = {};
+		tr.querySelectorAll('td[data-col]').forEach((td) => { row[td.dataset.col] = td.textContent; });
+		flows[tr.dataset.flow] = row;
+	});
 	const height = (cls) => { const p = s.querySelector('path.' + cls); return p ? p.getBBox().height : 0; };
 	const spill = s.querySelector('[data-badge="spill"]');
 	return {
-		badges, rows,
+		badges, rows, flows,
 		spill_tip: spill ? spill.title : '',
-		row_count: s.querySelectorAll('tbody tr').length,
+		row_count: s.querySelectorAll('[data-table="replicas"] tbody tr').length,
 		since: s.querySelector('.since').textContent,
 		chart: { cached: height('series-cached'), computed: height('series-computed'), generation: height('series-generation') },
 		text: document.body.innerText,
@@ -279,6 +286,18 @@ func matchesStatus(page *pageState, st panel.ModelStatus) []string {
 	if sticky, ok := strings.CutPrefix(page.Badges["sticky"], "Sticky "); !ok || !near(sticky, st.StickyPercent) {
 		differ("badge sticky: page %q, admin %.2f%%", page.Badges["sticky"], st.StickyPercent)
 	}
+	if len(page.Flows) != len(st.LoadControl.Flows) {
+		differ("%d flows on the page, admin has %d", len(page.Flows), len(st.LoadControl.Flows))
+	}
+	for _, f := range st.LoadControl.Flows {
+		row := page.Flows[f.Flow]
+		for col, want := range map[string]float64{"waiting": float64(f.Waiting), "admitted": float64(f.Admitted),
+			"queued": float64(f.Queued), "refused": float64(f.Refused), "waited_s": f.WaitedSeconds} {
+			if !near(row[col], want) {
+				differ("flow %s %s: page %q, admin %v", f.Flow, col, row[col], want)
+			}
+		}
+	}
 	return problems
 }
 
@@ -342,6 +361,9 @@ func TestPanelInBrowser(t *testing.T) {
 				t.Errorf("JSON twin shows session ID %q", c)
 			}
 		}
+		if flows := data.Models[0].LoadControl.Flows; len(flows) != 2 || strings.Contains(string(body), apiKeyPrefix) {
+			t.Errorf("JSON twin's flows %+v, want the two people's, by their keys' hashes only", flows)
+		}
 	})
 
 	if err := chromedp.Do(browser,
@@ -385,6 +407,9 @@ func TestPanelInBrowser(t *testing.T) {
 				if strings.Contains(page.Text, c) {
 					problems = append(problems, "page shows session ID "+c)
 				}
+			}
+			if strings.Contains(page.Text, apiKeyPrefix) {
+				problems = append(problems, "page shows an API key")
 			}
 			return problems
 		})

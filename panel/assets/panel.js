@@ -100,7 +100,28 @@
         return el("td", attrs);
       })),
     );
-    return el("div", { className: "table-wrap" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
+    return el("div", { className: "table-wrap", "data-table": "replicas" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
+  }
+
+  // flowTable shows each flow's share of load control's queue, the most
+  // recently active first (at most flowsShown, then the flows folded out
+  // of those counted apart); none before load control saw a turn.
+  const flowsShown = 16;
+  const flowColumns = [["flow", "Flow"], ["waiting", "Waiting"], ["admitted", "Admitted"], ["queued", "Queued"], ["refused", "Refused"], ["waited_s", "Waited (s)"]];
+  function flowTable(lc) {
+    if (!lc.enabled || lc.flows.length === 0) return [];
+    const o = lc.other_flows;
+    const shown = lc.flows.slice(0, flowsShown);
+    if (o.admitted + o.queued + o.refused > 0) shown.push(o);
+    const by = lc.flow_header ? "their " + lc.flow_header + " header" : "their API key (Authorization, else x-api-key)";
+    const more = lc.flows.length > flowsShown ? "; " + (lc.flows.length - flowsShown) + " more in the admin JSON" : "";
+    const head = el("tr", {}, ...flowColumns.map(([key, title]) => el("th", { text: title, scope: "col", "data-col": key })));
+    const rows = shown.map((f) => el("tr", { "data-flow": f.flow }, ...flowColumns.map(([key]) =>
+      el("td", { "data-col": key, text: key === "flow" ? f.flow : key === "waited_s" ? number(f.waited_s) : integer(f[key]) }))));
+    return [
+      el("p", { className: "note muted", "data-stat": "flows", text: "Fair share: turns by flow, people told apart by " + by + ", hashed" + more }),
+      el("div", { className: "table-wrap", "data-table": "flows" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows))),
+    ];
   }
 
   function badges(m) {
@@ -311,6 +332,7 @@
       replicaTable(m),
       ...workingSet(m.working_set, m.load_control),
       ...replyUsage(m.load_control),
+      ...flowTable(m.load_control),
       since(m),
       stats(m, generatedAt),
     );
