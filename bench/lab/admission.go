@@ -99,7 +99,7 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		})
 	}
 	tokens := p.view.EstimateTokens(a.PromptBytes)
-	req := selection.Request{Key: a.Key, Flow: flowID(a.Flow), Now: virtualTime(a.Now)}
+	req := selection.Request{Key: a.Key, Flow: flowID(a.Flow), FlowWeight: a.FlowWeight, Now: virtualTime(a.Now)}
 	t = p.view.Admit(req, selection.Body{Bytes: a.PromptBytes, Prefix: a.Prefix}, func() {
 		delete(p.waiting, t)
 		send()

@@ -3,6 +3,7 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -15,20 +16,21 @@ import (
 // Person is one of the people who share a fleet (Config.People): Sessions
 // conversations of the workload at a time, with ThinkTime between turns,
 // each of its turns in the person's own flow, as a proxy tells people apart
-// by their API keys.
+// by their API keys, served Weight turns a round (0 is 1).
 type Person struct {
 	Name      string
 	Sessions  int
 	ThinkTime time.Duration
+	Weight    float64
 }
 
 // TwoPeople is a team's farm: one person runs 20 agents in parallel that
 // never pause, another works at a terminal in 2 conversations, 30 s between
 // turns on average.
-var TwoPeople = []Person{{"farm", 20, 0}, {"person", 2, 30 * time.Second}}
+var TwoPeople = []Person{{"farm", 20, 0, 0}, {"person", 2, 30 * time.Second, 0}}
 
 // ParsePeople reads people from "two" (TwoPeople) or a comma-separated list
-// of name:sessions:think-time, such as "farm:20:0s,person:2:30s".
+// of name:sessions:think-time[:weight], such as "farm:20:0s,person:2:30s:2".
 func ParsePeople(spec string) ([]Person, error) {
 	if spec == "two" {
 		return TwoPeople, nil
@@ -36,8 +38,8 @@ func ParsePeople(spec string) ([]Person, error) {
 	var people []Person
 	for _, part := range strings.Split(spec, ",") {
 		fields := strings.Split(strings.TrimSpace(part), ":")
-		if len(fields) != 3 {
-			return nil, fmt.Errorf("person %q: want name:sessions:think-time", part)
+		if len(fields) != 3 && len(fields) != 4 {
+			return nil, fmt.Errorf("person %q: want name:sessions:think-time[:weight]", part)
 		}
 		n, err := strconv.Atoi(fields[1])
 		if err != nil || n < 1 {
@@ -47,7 +49,13 @@ func ParsePeople(spec string) ([]Person, error) {
 		if err != nil || think < 0 {
 			return nil, fmt.Errorf("person %q: think time must be a duration, 0s or more", part)
 		}
-		people = append(people, Person{fields[0], n, think})
+		var weight float64
+		if len(fields) == 4 {
+			if weight, err = strconv.ParseFloat(fields[3], 64); err != nil || !(weight > 0) || math.IsInf(weight, 0) {
+				return nil, fmt.Errorf("person %q: weight must be a positive number", part)
+			}
+		}
+		people = append(people, Person{fields[0], n, think, weight})
 	}
 	return people, checkPeople(people)
 }

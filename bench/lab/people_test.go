@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -13,11 +14,11 @@ func TestParsePeople(t *testing.T) {
 	if got, err := ParsePeople("two"); err != nil || !slices.Equal(got, TwoPeople) {
 		t.Errorf("two: %v, %v", got, err)
 	}
-	got, err := ParsePeople("a:3:0s, b:1:1m")
-	if want := []Person{{"a", 3, 0}, {"b", 1, time.Minute}}; err != nil || !slices.Equal(got, want) {
-		t.Errorf("a:3:0s,b:1:1m: %v, %v; want %v", got, err, want)
+	got, err := ParsePeople("a:3:0s, b:1:1m:2.5")
+	if want := []Person{{"a", 3, 0, 0}, {"b", 1, time.Minute, 2.5}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("a:3:0s,b:1:1m:2.5: %v, %v; want %v", got, err, want)
 	}
-	for _, bad := range []string{"a:3", "a:0:1s", "a:x:1s", "a:1:-1s", "a:1:soon", ":1:1s", "a:1:1s,a:2:1s"} {
+	for _, bad := range []string{"a:3", "a:0:1s", "a:x:1s", "a:1:-1s", "a:1:soon", ":1:1s", "a:1:1s,a:2:1s", "a:1:1s:0", "a:1:1s:x", "a:1:1s:1:1"} {
 		if _, err := ParsePeople(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -77,6 +78,47 @@ func firstSession(out *outcome, person int) string {
 		}
 	}
 	return first
+}
+
+// arrivalsPolicy is the warden policy that records what it is told of each
+// request's person.
+type arrivalsPolicy struct {
+	*wardenPolicy
+	flows map[string]float64 // each flow's weight, as sent
+}
+
+func (p *arrivalsPolicy) Pick(a Arrival) (int, func()) {
+	p.flows[a.Flow] = a.FlowWeight
+	return p.wardenPolicy.Pick(a)
+}
+
+// Each person's requests carry its name and weight, or, in one flow, none.
+func TestArrivalsCarryTheirPersonsFlowAndWeight(t *testing.T) {
+	for _, oneFlow := range []bool{false, true} {
+		cfg := DefaultConfig()
+		cfg.Duration, cfg.Warmup, cfg.OneFlow = 30*time.Second, 0, oneFlow
+		cfg.People = []Person{{"farm", 3, 0, 0}, {"person", 1, time.Second, 4}}
+		f, err := newFleet(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := newEnv(cfg, f, 1)
+		w, err := newWardenPolicy(true)(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &arrivalsPolicy{wardenPolicy: w.(*wardenPolicy), flows: map[string]float64{}}
+		if _, err := simulate(env, p, Sessions(cfg.People), 1); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]float64{"farm": 0, "person": 4}
+		if oneFlow {
+			want = map[string]float64{"": 0}
+		}
+		if !maps.Equal(p.flows, want) {
+			t.Errorf("one flow %v: flows and weights %v, want %v", oneFlow, p.flows, want)
+		}
+	}
 }
 
 func TestSweepWithPeopleNeedsTheirSessionsAsTheLevel(t *testing.T) {

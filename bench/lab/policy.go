@@ -15,8 +15,10 @@ type Arrival struct {
 	// Key is the session header's value.
 	Key string
 	// Flow names whose request it is (Person.Name; "": no one told apart),
-	// as a proxy tells flows apart by their API keys.
-	Flow string
+	// as a proxy tells flows apart by their API keys, and FlowWeight is
+	// its weight (0 is 1).
+	Flow       string
+	FlowWeight float64
 	// PromptBytes is the request body's size (its Content-Length).
 	PromptBytes int64
 	// Prefix is the system prompt part of the body, as promptprefix.Read

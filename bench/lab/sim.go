@@ -186,6 +186,7 @@ type personRun struct {
 	gen    *agentload.Generator
 	prefix selection.Prefix
 	flow   string
+	weight float64
 }
 
 // outcome is a run's measurements, with what the tests check besides the row.
@@ -285,16 +286,16 @@ func (s *sim) seat(sessions int) error {
 	if len(cfg.People) == 0 {
 		wl := cfg.Workload
 		wl.Seed = agentload.LevelSeed(s.seed, sessions)
-		return s.addPerson(wl, "")
+		return s.addPerson(wl, "", 0)
 	}
 	s.personOf = map[string]int{}
 	first := 0
 	for i, p := range cfg.People {
-		flow := p.Name
+		flow, weight := p.Name, p.Weight
 		if cfg.OneFlow {
-			flow = ""
+			flow, weight = "", 0
 		}
-		if err := s.addPerson(p.workload(cfg.Workload, s.seed), flow); err != nil {
+		if err := s.addPerson(p.workload(cfg.Workload, s.seed), flow, weight); err != nil {
 			return err
 		}
 		for j := first; j < first+p.Sessions; j++ {
@@ -305,13 +306,13 @@ func (s *sim) seat(sessions int) error {
 	return nil
 }
 
-func (s *sim) addPerson(wl agentload.Config, flow string) error {
+func (s *sim) addPerson(wl agentload.Config, flow string, weight float64) error {
 	gen, err := agentload.NewGenerator(wl)
 	if err != nil {
 		return err
 	}
 	system := gen.SystemPrompt()
-	s.people = append(s.people, personRun{gen: gen, flow: flow,
+	s.people = append(s.people, personRun{gen: gen, flow: flow, weight: weight,
 		prefix: selection.Prefix{{Hash: xxhash.Sum64String(system), Bytes: int(scaledBytes(s.env.cfg, len(system)))}}})
 	return nil
 }
@@ -360,7 +361,7 @@ func (s *sim) send(slotIndex int) {
 	}
 	s.routed++
 	r.final = turn.Final
-	a := Arrival{Key: sl.session.ID, Flow: person.flow, PromptBytes: s.bodyBytes(turn), Prefix: person.prefix, Now: s.now}
+	a := Arrival{Key: sl.session.ID, Flow: person.flow, FlowWeight: person.weight, PromptBytes: s.bodyBytes(turn), Prefix: person.prefix, Now: s.now}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false

@@ -25,7 +25,7 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
 	tail := fs.Duration("conversation-tail", lab.DefaultConversationTail, "how long past the window the load goes on so that the conversations sent in it end and are timed")
 	bodyBytes := fs.Float64("body-bytes-per-token", 0, "request body bytes per prompt token as the proxy sees them (0: the simulator's 4); models a denser or looser tokenizer")
-	people := fs.String("people", "", `people sharing the fleet, in place of --sessions, each with its turns in its own flow and its own rows: "two" (one person's 20 agents without pauses beside another's 2 conversations at a terminal, 30 s between turns) or name:sessions:think-time,...`)
+	people := fs.String("people", "", `people sharing the fleet, in place of --sessions, each with its turns in its own flow and its own rows: "two" (one person's 20 agents without pauses beside another's 2 conversations at a terminal, 30 s between turns) or name:sessions:think-time[:weight],...`)
 	flows := fs.Bool("flows", true, "with --people, tell the people apart (false: every turn in one flow, as a proxy that tells no one apart)")
 	if err := parseAll(fs, args); err != nil {
 		return err
