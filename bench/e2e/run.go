@@ -426,7 +426,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 	}
 	sum := agentload.Summarize(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End)
 	place := Place(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End, o.engines())
-	hits, queries, preemptions := counterDeltas(before, after)
+	d := counterDeltas(before, after)
 	row := report.Row{
 		Mode:            report.ModeRun,
 		Policy:          policy,
@@ -435,7 +435,8 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		DurationS:       o.Duration.Seconds(),
 		ReplicasBusy:    sampler.mean(),
 		HitBoundPercent: bound.percent(),
-		Preemptions:     uint64(preemptions),
+		Preemptions:     uint64(d.preemptions),
+		HostTierGiB:     d.hostTierGiB,
 		Replicas:        o.Replicas,
 		Topology:        o.Topology,
 
@@ -448,8 +449,9 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 	if o.instances() > 1 || o.pinStore() != PinStoreNone {
 		row.Instances, row.PinStore = o.instances(), o.pinStore()
 	}
-	if queries > 0 {
-		row.PrefixHitPercent = 100 * hits / queries
+	if d.queries > 0 {
+		row.PrefixHitPercent = 100 * d.hits / d.queries
+		row.HostHitPercent = 100 * d.hostHits / d.queries
 	}
 	return row, nil
 }
@@ -469,20 +471,27 @@ func ScrapeAll(ctx context.Context, sims []*Sim) ([]metricsfeed.Scrape, error) {
 	return out, nil
 }
 
-// counterDeltas sums the engines' prefix-cache and preemption counters'
-// growth between two scrapes of the fleet.
-func counterDeltas(before, after []metricsfeed.Scrape) (hits, queries, preemptions float64) {
-	total := func(scrapes []metricsfeed.Scrape) (h, q, p float64) {
+// deltas is the growth of the engines' prefix-cache, host-tier and
+// preemption counters between two scrapes of the fleet, and the size of
+// an engine's host tier (0: none).
+type deltas struct {
+	hits, hostHits, queries, preemptions, hostTierGiB float64
+}
+
+func counterDeltas(before, after []metricsfeed.Scrape) deltas {
+	total := func(scrapes []metricsfeed.Scrape) (t deltas) {
 		for _, s := range scrapes {
 			for _, e := range s.Engines {
-				h += e.PrefixHits
-				q += e.PrefixQueries
-				p += e.Preemptions
+				t.hits += e.PrefixHits
+				t.hostHits += e.ExternalHits
+				t.queries += e.PrefixQueries
+				t.preemptions += e.Preemptions
+				t.hostTierGiB = max(t.hostTierGiB, e.HostTierGiB)
 			}
 		}
-		return h, q, p
+		return t
 	}
-	h0, q0, p0 := total(before)
-	h1, q1, p1 := total(after)
-	return h1 - h0, q1 - q0, p1 - p0
+	b, a := total(before), total(after)
+	return deltas{hits: a.hits - b.hits, hostHits: a.hostHits - b.hostHits, queries: a.queries - b.queries,
+		preemptions: a.preemptions - b.preemptions, hostTierGiB: a.hostTierGiB}
 }
