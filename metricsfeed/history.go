@@ -160,7 +160,7 @@ func (h *History) Rates(now time.Time, window time.Duration, sources ...Source) 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	from := now.Add(-window)
-	var total Rates
+	var perSec, raw increase
 	found := false
 	for _, ring := range h.selectLocked(sources) {
 		var sum increase
@@ -176,19 +176,14 @@ func (h *History) Rates(now time.Time, window time.Duration, sources ...Source) 
 			continue
 		}
 		found = true
-		perSec := sum.perSecond(span)
-		total.PromptPerSec += perSec.prompt
-		total.CachedPerSec += perSec.cached
-		total.ComputedPerSec += perSec.computed
-		total.GenPerSec += perSec.generation
-		total.PrefixQueries += sum.queries
-		total.PrefixHits += sum.hits
-		total.HostHits += sum.hostHits
-		total.CachedKnown = total.CachedKnown || sum.cachedKnown
-		total.PrefixKnown = total.PrefixKnown || sum.prefixKnown
-		total.HostKnown = total.HostKnown || sum.hostKnown
+		perSec.add(sum.perSecond(span))
+		raw.add(sum)
 	}
-	return total, found
+	return Rates{
+		PromptPerSec: perSec.prompt, CachedPerSec: perSec.cached, ComputedPerSec: perSec.computed, GenPerSec: perSec.generation,
+		PrefixQueries: raw.queries, PrefixHits: raw.hits, HostHits: raw.hostHits,
+		CachedKnown: raw.cachedKnown, PrefixKnown: raw.prefixKnown, HostKnown: raw.hostKnown,
+	}, found
 }
 
 // ReportedHitRate is the mean of the selected engines' own prefix-cache hit
