@@ -261,6 +261,10 @@ func (p *Process) Kill() {
 // request written on one as it closed failed with a reset.
 var adminClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
+// adminReadTries bounds how many times Do sends a GET its connection's
+// reset failed.
+const adminReadTries = 5
+
 // Do sends a request to the admin API and decodes a JSON answer into out
 // (when not nil). A status other than 200 is an error with the body.
 func (p *Process) Do(method, path string, body any, out any, header ...string) error {
@@ -285,6 +289,12 @@ func (p *Process) Do(method, path string, body any, out any, header ...string) e
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := adminClient.Do(req)
+	// A config load starts a new admin server, then stops the old one: a
+	// connection the old listener accepted meanwhile is reset. A read is
+	// sent again; the new server answers it.
+	for try := 1; err != nil && method == http.MethodGet && errors.Is(err, syscall.ECONNRESET) && try < adminReadTries; try++ {
+		resp, err = adminClient.Do(req)
+	}
 	if err != nil {
 		return err
 	}
