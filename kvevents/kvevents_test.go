@@ -15,6 +15,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 const topic = "kv-events"
@@ -221,16 +222,15 @@ func TestSubscribeOverZMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	// PUB drops messages until the subscription arrives: resend batch 0 until it lands.
-	deadline := time.Now().Add(10 * time.Second)
-	for s.Cached([]uint64{1}) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no batch arrived: %+v", s.Stats())
+	testrun.Eventually(t, 10*time.Second, "a batch", func() bool {
+		if s.Cached([]uint64{1}) != 0 {
+			return true
 		}
 		if err := pub.Send(zmq4.NewMsgFrom(message(t, 0, stored(1))...)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
 	closeWithin(t, s, hangLimit, "Close did not stop the subscriber")
 	if s.Cached([]uint64{1}) != 1 {
 		t.Fatal("the view must stay readable after Close")
@@ -401,16 +401,15 @@ func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
 	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", testnet.Port(t))
 	publish := func(pub zmq4.Socket, s *Subscriber, block uint64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for s.Cached([]uint64{block}) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("block %d never arrived: %+v", block, s.Stats())
+		testrun.Eventually(t, 10*time.Second, fmt.Sprintf("block %d", block), func() bool {
+			if s.Cached([]uint64{block}) != 0 {
+				return true
 			}
 			if err := pub.Send(zmq4.NewMsgFrom(message(t, 0, stored(block))...)); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return false
+		})
 	}
 	first := zmq4.NewPub(context.Background())
 	if err := first.Listen(endpoint); err != nil {
@@ -426,13 +425,11 @@ func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
 	// Meanwhile something else answers on the port, and fails every handshake.
 	addr := strings.TrimPrefix(endpoint, "tcp://")
 	var bogus net.Listener
-	deadline := time.Now().Add(5 * time.Second)
-	for bogus, err = net.Listen("tcp", addr); err != nil; bogus, err = net.Listen("tcp", addr) {
-		if time.Now().After(deadline) { // the port frees as the first socket's goroutines end
-			t.Fatal("the port did not free")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// The port frees as the first socket's goroutines end.
+	testrun.Eventually(t, 5*time.Second, "the port freed", func() bool {
+		bogus, err = net.Listen("tcp", addr)
+		return err == nil
+	})
 	var failed atomic.Int64
 	go func() {
 		for {
@@ -445,20 +442,11 @@ func TestARestartedPublisherIsFollowedAgain(t *testing.T) {
 			failed.Add(1)
 		}
 	}()
-	for failed.Load() < 2 { // the subscriber failed a handshake, waited and tried again
-		if time.Now().After(deadline.Add(hangLimit)) {
-			t.Fatal("the subscriber did not dial the bogus peer twice")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// The subscriber failed a handshake, waited and tried again.
+	testrun.Eventually(t, hangLimit, "the subscriber dialling the bogus peer twice", func() bool { return failed.Load() >= 2 })
 	bogus.Close()
 	second := zmq4.NewPub(context.Background())
 	defer second.Close()
-	for second.Listen(endpoint) != nil {
-		if time.Now().After(deadline.Add(5 * time.Second)) {
-			t.Fatal("the port did not free")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testrun.Eventually(t, 5*time.Second, "the port freed again", func() bool { return second.Listen(endpoint) == nil })
 	publish(second, s, 2)
 }

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // observation is one callback of a Poller.
@@ -160,9 +162,21 @@ func TestPollerReplacesTargets(t *testing.T) {
 	mark := rec.count()
 	hitsOfA := a.metricsHits.Load()
 	rec.await(t, "scrape of B", func(o observation) bool { return o.target == b.srv.URL && !o.health })
-	time.Sleep(100 * time.Millisecond) // several intervals
+	// Several rounds of B pass before and after the mark.
+	scrapesOfB := func(from int) func() bool {
+		return func() bool {
+			n := 0
+			for _, o := range rec.since(from) {
+				if o.target == b.srv.URL && !o.health {
+					n++
+				}
+			}
+			return n >= 5
+		}
+	}
+	testrun.Eventually(t, 10*time.Second, "five scrapes of B", scrapesOfB(mark))
 	settled := rec.count()
-	time.Sleep(100 * time.Millisecond)
+	testrun.Eventually(t, 10*time.Second, "five more scrapes of B", scrapesOfB(settled))
 
 	// At most the round in flight during SetTargets reports A (a scrape and a
 	// health probe); a live poller would have reported it about ten times.
@@ -202,9 +216,7 @@ func TestPollerStopsCleanly(t *testing.T) {
 	rec := newRecorder()
 	p := NewPoller(rec.config(PollerConfig{Interval: 20 * time.Millisecond, Timeout: 5 * time.Second, Client: client}), []string{f.srv.URL})
 	stop := startPoller(t, p)
-	for f.metricsHits.Load() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testrun.Eventually(t, 10*time.Second, "a poll in flight", func() bool { return f.metricsHits.Load() > 0 })
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -218,18 +230,11 @@ func TestPollerStopsCleanly(t *testing.T) {
 		t.Errorf("Run took %v to return with a poll in flight", elapsed)
 	}
 	mark := rec.count()
-	time.Sleep(60 * time.Millisecond)
+	transport.CloseIdleConnections()
+	testrun.Eventually(t, 3*time.Second, "the poller's goroutines gone", func() bool { return runtime.NumGoroutine() <= baseline })
+	// Every goroutine that could call back has ended since Run returned.
 	if extra := rec.since(mark); len(extra) > 0 {
 		t.Errorf("callbacks after Run returned: %+v", extra)
-	}
-
-	transport.CloseIdleConnections()
-	deadline := time.Now().Add(3 * time.Second)
-	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > baseline {
-		t.Errorf("%d goroutines after stop, %d before start", n, baseline)
 	}
 }
 

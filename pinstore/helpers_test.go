@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 // fakeLocal is a map-based Local, as selection.Router would be.
@@ -131,13 +132,7 @@ func run(t testing.TB, s *Store, l Local) {
 // eventually polls cond every 10ms until it holds, failing after within.
 func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testrun.Eventually(t, within, what, cond)
 }
 
 func pinKeyName(key uint64) string { return fmt.Sprintf("warden:m:pin:%016x", key) }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -646,11 +647,7 @@ func spread(i int) uint64 { return uint64(i) * 0x9e3779b97f4a7c15 }
 func TestNoGoroutineLeft(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	defer func() {
-		deadline := time.Now().Add(3 * time.Second)
-		for goleak.Find(before) != nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
-		goleak.VerifyNone(t, before)
+		testrun.Eventually(t, 3*time.Second, "no goroutine of the store left", func() bool { return goleak.Find(before) == nil })
 	}()
 	srv := redisproc.StartTest(t)
 	s, err := Open(Config{Address: srv.Addr, Timeout: testTimeout}, Options{Model: "m", TTL: time.Minute, MaxPins: 10})

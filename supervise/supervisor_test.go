@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lmwarden/caddy-warden/internal/testnet"
+	"github.com/lmwarden/caddy-warden/internal/testrun"
 )
 
 const waitLimit = 10 * time.Second
@@ -104,13 +105,7 @@ func (r *recorder) options() Options {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testrun.Eventually(t, waitLimit, what, cond)
 }
 
 func waitForState(t *testing.T, sup *Supervisor, what string, cond func(State) bool) State {
@@ -139,15 +134,9 @@ func running(pid int) bool {
 // then so that a failed test leaves nothing behind.
 func waitGone(t *testing.T, pids ...int) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
 	for _, pid := range pids {
-		for running(pid) {
-			if time.Now().After(deadline) {
-				syscall.Kill(pid, syscall.SIGKILL)
-				t.Fatalf("process %d is still running", pid)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // if it outlives the wait
+		waitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !running(pid) })
 	}
 }
 
