@@ -14,9 +14,32 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
-
-	"github.com/lmwarden/caddy-warden/selection"
 )
+
+// Part is one part of what a chat template renders first (a system
+// prompt block, a tool): Hash covers the parts up to and including this
+// one, Bytes is the request body bytes they take.
+type Part struct {
+	Hash  uint64
+	Bytes int
+}
+
+// Prefix is a request's prefix parts in the order the template renders them
+// (Read).
+type Prefix []Part
+
+// SharedBytes is how many body bytes of p's parts q's share, comparing the
+// chained hashes from the first part on.
+func (p Prefix) SharedBytes(q Prefix) int {
+	shared := 0
+	for i := range min(len(p), len(q)) {
+		if p[i].Hash != q[i].Hash {
+			break
+		}
+		shared = p[i].Bytes
+	}
+	return shared
+}
 
 // Where prefix parts come from, in the order the template renders them. A
 // body is in practice only one API's shape; should it hold several of these
@@ -55,7 +78,7 @@ type span struct {
 // the fields come in another order. A system block or a tool must be an
 // object, and a source may hold at most maxParts of them; a run of leading
 // system messages ends at maxParts.
-func Read(body []byte) selection.Prefix {
+func Read(body []byte) Prefix {
 	var parts [numSources][]span
 	if !scan(body, &parts) {
 		return nil
@@ -245,7 +268,7 @@ func peek(dec *json.Decoder, body []byte) (int, byte) {
 // chain hashes the parts in the template's order, each hash chained from
 // the one before, so that two bodies share a part's hash exactly when they
 // share every part up to it.
-func chain(body []byte, parts *[numSources][]span) selection.Prefix {
+func chain(body []byte, parts *[numSources][]span) Prefix {
 	n := 0
 	for _, spans := range parts {
 		n += len(spans)
@@ -253,7 +276,7 @@ func chain(body []byte, parts *[numSources][]span) selection.Prefix {
 	if n == 0 {
 		return nil
 	}
-	prefix := make(selection.Prefix, 0, n)
+	prefix := make(Prefix, 0, n)
 	var (
 		d        xxhash.Digest
 		previous [8]byte
@@ -272,7 +295,7 @@ func chain(body []byte, parts *[numSources][]span) selection.Prefix {
 			_, _ = d.Write(name)
 			hash = d.Sum64()
 			size += s.end - s.start
-			prefix = append(prefix, selection.PrefixPart{Hash: hash, Bytes: size})
+			prefix = append(prefix, Part{Hash: hash, Bytes: size})
 		}
 	}
 	return prefix

@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
-
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // part is a prefix part as the body has it (raw) and what names it.
@@ -34,14 +32,14 @@ func msg(s string) part {
 
 // want is the Prefix of these parts, hashed here from the concatenated
 // bytes rather than streamed as Read does.
-func want(parts ...part) selection.Prefix {
-	var p selection.Prefix
+func want(parts ...part) Prefix {
+	var p Prefix
 	var hash uint64
 	size := 0
 	for _, pt := range parts {
 		hash = xxhash.Sum64(append(binary.LittleEndian.AppendUint64(nil, hash), pt.name...))
 		size += len(pt.raw)
-		p = append(p, selection.PrefixPart{Hash: hash, Bytes: size})
+		p = append(p, Part{Hash: hash, Bytes: size})
 	}
 	return p
 }
@@ -54,7 +52,7 @@ func init() {
 	}
 }
 
-func check(t *testing.T, name string, body string, expected selection.Prefix) {
+func check(t *testing.T, name string, body string, expected Prefix) {
 	t.Helper()
 	if got := Read([]byte(body)); !slices.Equal(got, expected) {
 		t.Errorf("%s: got %v, want %v", name, got, expected)

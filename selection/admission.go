@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
 // Load control (issue 13). When the conversations' prompts no longer fit in
@@ -235,7 +237,7 @@ type Body struct {
 	Partial bool
 	// Prefix is the system prompt and tool parts the body declares, read
 	// only when load control wants them (WantsPrefix).
-	Prefix Prefix
+	Prefix promptprefix.Prefix
 }
 
 // Admit asks load control whether req's turn, of the conversation it

@@ -3,6 +3,8 @@ package selection
 import (
 	"math"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
 // Request is what the router needs to know about one request.
@@ -41,7 +43,7 @@ type Request struct {
 	PromptTokens int
 	// Prefix is the request's system prompt and tool parts, read from its
 	// body when WantsPrefix asked for them; nil otherwise.
-	Prefix Prefix
+	Prefix promptprefix.Prefix
 	// CountOnly marks a request that only asks the size of its prompt
 	// (Anthropic's count_tokens): it goes to its conversation's replica,
 	// whose tokenizer answers it, but is no turn: it computes nothing, and

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
 // The shared prefix. An agent fleet's conversations start with the same
@@ -81,31 +83,6 @@ func (p *sharedPrefix) value() int {
 	return p.quartile
 }
 
-// PrefixPart is one part of what a chat template renders first (a system
-// prompt block, a tool): Hash covers the parts up to and including this
-// one, Bytes is the request body bytes they take.
-type PrefixPart struct {
-	Hash  uint64
-	Bytes int
-}
-
-// Prefix is a request's prefix parts in the order the template renders them
-// (promptprefix.Read).
-type Prefix []PrefixPart
-
-// SharedBytes is how many body bytes of p's parts q's share, comparing the
-// chained hashes from the first part on.
-func (p Prefix) SharedBytes(q Prefix) int {
-	shared := 0
-	for i := range min(len(p), len(q)) {
-		if p[i].Hash != q[i].Hash {
-			break
-		}
-		shared = p[i].Bytes
-	}
-	return shared
-}
-
 // declaredPrefixes are the prefixes of the last sharedWindow conversations
 // whose requests load control saw arrive without residency, to compare each
 // new one with.
@@ -116,7 +93,7 @@ type declaredPrefixes struct {
 
 type declaredPrefix struct {
 	key    uint64
-	prefix Prefix
+	prefix promptprefix.Prefix
 }
 
 // observe records key's prefix and returns the body bytes it shares with
@@ -125,7 +102,7 @@ type declaredPrefix struct {
 // recorded (back after linger, or a turn resent after a refusal): a sample
 // per conversation, so that a few that come back often do not make up the
 // quartile.
-func (d *declaredPrefixes) observe(key uint64, prefix Prefix) (shared int, ok bool) {
+func (d *declaredPrefixes) observe(key uint64, prefix promptprefix.Prefix) (shared int, ok bool) {
 	for i, r := range d.recent {
 		if r.key == key {
 			d.recent[i].prefix = prefix
@@ -175,7 +152,7 @@ func (l *prefixLearner) publish() {
 }
 
 // noteRequest learns from the prefix parts of a new conversation's request.
-func (l *prefixLearner) noteRequest(key uint64, prefix Prefix) {
+func (l *prefixLearner) noteRequest(key uint64, prefix promptprefix.Prefix) {
 	if len(prefix) == 0 {
 		return
 	}

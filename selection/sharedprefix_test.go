@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
 // sharedRouter is one replica whose cache holds capacity tokens; a replica
@@ -157,13 +159,13 @@ func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
 	mustState(t, admit("c", 1), Waiting)
 }
 
-// prefixOf builds a Prefix whose parts are named by names and take bytes each.
-func prefixOf(bytes int, names ...string) Prefix {
-	var p Prefix
+// prefixOf builds a promptprefix.Prefix whose parts are named by names and take bytes each.
+func prefixOf(bytes int, names ...string) promptprefix.Prefix {
+	var p promptprefix.Prefix
 	var hash uint64
 	for i, name := range names {
 		hash = hash*31 + HashKey(name)
-		p = append(p, PrefixPart{Hash: hash, Bytes: (i + 1) * bytes})
+		p = append(p, promptprefix.Part{Hash: hash, Bytes: (i + 1) * bytes})
 	}
 	return p
 }
@@ -176,7 +178,7 @@ func prefixOf(bytes int, names ...string) Prefix {
 // win once they tell.
 func TestSharedPrefixReadFromRequests(t *testing.T) {
 	r := sharedRouter(10000)
-	turn := func(key string, prefix Prefix, reply Reply) {
+	turn := func(key string, prefix promptprefix.Prefix, reply Reply) {
 		t.Helper()
 		tk := r.admitKey(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
 		mustState(t, tk, Admitted)
@@ -214,7 +216,7 @@ func TestSharedPrefixReadFromRequests(t *testing.T) {
 // Prefixes share the bytes of their parts up to the first that differs.
 func TestPrefixSharedBytes(t *testing.T) {
 	for _, c := range []struct {
-		p, q Prefix
+		p, q promptprefix.Prefix
 		want int
 	}{
 		{prefixOf(10, "s", "a", "b"), prefixOf(10, "s", "a", "b"), 30},
@@ -264,7 +266,7 @@ func TestWantsPrefix(t *testing.T) {
 // end, or resent after a refusal) do not outweigh six of the main agent's.
 func TestSharedPrefixFromRequestsOneSamplePerConversation(t *testing.T) {
 	r := sharedRouter(100000)
-	turn := func(key string, prefix Prefix) {
+	turn := func(key string, prefix promptprefix.Prefix) {
 		t.Helper()
 		tk := r.admitKey(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
 		mustState(t, tk, Admitted)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
 	"github.com/lmwarden/caddy-warden/promptprefix"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // reportTime is what the tests keep of go test's -timeout to stop a CLI still running and
@@ -113,8 +112,8 @@ func testClient(t *testing.T, c client) {
 // at least their first part. A turn's main request is the one that declares the most.
 func checkSharedPrefix(t *testing.T, a, b turn) {
 	t.Helper()
-	main := func(tr turn) selection.Prefix {
-		var best selection.Prefix
+	main := func(tr turn) promptprefix.Prefix {
+		var best promptprefix.Prefix
 		for _, r := range tr.reqs {
 			if p := promptprefix.Read(r.Body); len(p) > 0 && (len(best) == 0 || p[len(p)-1].Bytes > best[len(best)-1].Bytes) {
 				best = p

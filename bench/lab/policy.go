@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -23,7 +24,7 @@ type Arrival struct {
 	PromptBytes int64
 	// Prefix is the system prompt part of the body, as promptprefix.Read
 	// reads it from a real one.
-	Prefix selection.Prefix
+	Prefix promptprefix.Prefix
 	// Now is the arrival's virtual time.
 	Now time.Duration
 }

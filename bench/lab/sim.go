@@ -15,6 +15,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
+	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -184,7 +185,7 @@ type sim struct {
 // prefix parts (the run's system prompt) and its flow.
 type personRun struct {
 	gen    *agentload.Generator
-	prefix selection.Prefix
+	prefix promptprefix.Prefix
 	flow   string
 	weight float64
 }
@@ -313,7 +314,7 @@ func (s *sim) addPerson(wl agentload.Config, flow string, weight float64) error 
 	}
 	system := gen.SystemPrompt()
 	s.people = append(s.people, personRun{gen: gen, flow: flow, weight: weight,
-		prefix: selection.Prefix{{Hash: xxhash.Sum64String(system), Bytes: int(scaledBytes(s.env.cfg, len(system)))}}})
+		prefix: promptprefix.Prefix{{Hash: xxhash.Sum64String(system), Bytes: int(scaledBytes(s.env.cfg, len(system)))}}})
 	return nil
 }
 
