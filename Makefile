@@ -19,7 +19,7 @@ XCADDY_GOPROXY = $$($(GO) env GOPROXY | cut -d, -f1)|off
 WARDEN_MODULES := warden http.reverse_proxy.selection_policies.warden http.reverse_proxy.upstreams.warden admin.api.warden http.handlers.warden_models http.handlers.warden_panel http.handlers.warden_stop_reason http.matchers.warden_model
 
 # Root module. Unit tests, under the race detector, packages in parallel.
-UNIT_PKGS := . ./selection/... ./fleet/... ./metricsfeed/... ./health/... ./sessionkey/... ./promptprefix/... ./replyend/... ./readahead/... ./inflight/... ./pinsnapshot/... ./livemodel/... ./panel/... ./metrics/... ./internal/... ./cmd/...
+UNIT_PKGS := . ./selection/... ./loadcontrol/... ./fleet/... ./metricsfeed/... ./health/... ./sessionkey/... ./promptprefix/... ./replyend/... ./readahead/... ./inflight/... ./pinsnapshot/... ./livemodel/... ./panel/... ./metrics/... ./internal/... ./cmd/...
 # Tests that run servers and processes on loopback ports, close ports and
 # expect them refused, or have timing windows: one package at a time, so
 # that no other package takes a port one of them just freed. Raced

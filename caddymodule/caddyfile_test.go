@@ -14,7 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
 	"github.com/lmwarden/caddy-warden/kvevents"
-	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // Unit tests of the Caddyfile parsers on caddyfile.NewTestDispenser: every
@@ -251,12 +251,12 @@ func TestParseLoadControl(t *testing.T) {
 	}
 	for _, c := range []struct {
 		lines string
-		want  selection.AdmissionConfig
+		want  loadcontrol.Config
 	}{
-		{"load_control on", selection.AdmissionConfig{Enabled: true}},
-		{"load_control off", selection.AdmissionConfig{}},
+		{"load_control on", loadcontrol.Config{Enabled: true}},
+		{"load_control off", loadcontrol.Config{}},
 		// The farm preset: the lines that set it before it had a name.
-		{"load_control farm", selection.AdmissionConfig{Enabled: true, Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true}},
+		{"load_control farm", loadcontrol.Config{Enabled: true, Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true}},
 	} {
 		if got := parse(t, c.lines).admission(); got != c.want {
 			t.Errorf("%q: %+v, want %+v", c.lines, got, c.want)
@@ -310,7 +310,7 @@ func TestLoadControlValidate(t *testing.T) {
 // the preset's.
 func TestLoadControlPresetOverrides(t *testing.T) {
 	lc := LoadControlConfig{Enabled: true, Preset: "farm", Quantum: 4, Linger: caddy.Duration(time.Second), MaxQueue: 8}
-	want := selection.AdmissionConfig{Enabled: true, Quantum: 4, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true,
+	want := loadcontrol.Config{Enabled: true, Quantum: 4, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true,
 		Linger: time.Second, MaxQueue: 8}
 	if got := lc.admission(); got != want {
 		t.Errorf("farm with quantum 4, linger 1s, max_queue 8: %+v, want %+v", got, want)

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-warden/inflight"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/metrics"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 	"github.com/lmwarden/caddy-warden/readahead"
@@ -55,13 +56,13 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Re
 		return true // affinity off, or no key to hold the turn by
 	}
 	switch t.State() {
-	case selection.Refused:
+	case loadcontrol.Refused:
 		if w != nil {
 			w.Header().Set("Retry-After", retryAfter(p.view.Admission().Linger))
 		}
 		caddyhttp.SetVar(ctx, varOutcome, outcomeRefused)
 		return false
-	case selection.Waiting:
+	case loadcontrol.Waiting:
 		sent := p.wait(r, t, ready)
 		waited := p.clock.Now().Sub(start).Seconds()
 		caddyhttp.SetVar(ctx, varQueued, waited)
@@ -77,7 +78,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Re
 // is forced through); it reports whether the turn may be sent. max_wait
 // counts the body's upload too, so a client that sends it slowly cannot
 // stretch the wait.
-func (p *Policy) wait(r *http.Request, t *selection.Ticket, ready <-chan struct{}) bool {
+func (p *Policy) wait(r *http.Request, t *loadcontrol.Ticket, ready <-chan struct{}) bool {
 	timeout := p.clock.After(p.view.MaxWait())
 	readBody(r)
 	select {
@@ -112,14 +113,14 @@ func retryAfter(linger time.Duration) string {
 // requestBody is the request body's size, which sizes its prompt: from
 // Content-Length, else from what the session key's scan read of the body,
 // partial unless the scan reached its end; 0 when neither tells.
-func requestBody(r *http.Request) selection.Body {
+func requestBody(r *http.Request) loadcontrol.Body {
 	if r.ContentLength > 0 {
-		return selection.Body{Bytes: r.ContentLength}
+		return loadcontrol.Body{Bytes: r.ContentLength}
 	}
 	if n, whole, ok := readahead.Ahead(r); ok {
-		return selection.Body{Bytes: int64(n), Partial: !whole}
+		return loadcontrol.Body{Bytes: int64(n), Partial: !whole}
 	}
-	return selection.Body{}
+	return loadcontrol.Body{}
 }
 
 // maxHeldBodies bounds the request bodies load control holds in memory at
@@ -146,7 +147,7 @@ const maxPrefixBody = 8 << 20
 // them after the messages), from which warden learns the prefix
 // conversations share. A body of unannounced length read whole also gives
 // its exact size.
-func readPrefix(r *http.Request, body *selection.Body) {
+func readPrefix(r *http.Request, body *loadcontrol.Body) {
 	if !readahead.MayBeJSON(r) {
 		return
 	}

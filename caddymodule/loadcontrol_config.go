@@ -10,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // LoadControlConfig is load control (off by default): each replica keeps a
@@ -103,14 +103,14 @@ const presetFarm = "farm"
 // fill follows how much of its residents' prompts the replies found cached,
 // between 0.92 and 0.98 around the default 0.95. It is the lab's
 // warden-admission-farm.
-var farmAdmission = selection.AdmissionConfig{
+var farmAdmission = loadcontrol.Config{
 	Quantum: -1, Stagger: 15 * time.Second, FillMin: 0.92, FillMax: 0.98, Touch: true,
 }
 
 // admission is the routing core's form of c, the preset's values under the
 // fields set; nil is off.
-func (c *LoadControlConfig) admission() selection.AdmissionConfig {
-	var a selection.AdmissionConfig
+func (c *LoadControlConfig) admission() loadcontrol.Config {
+	var a loadcontrol.Config
 	if c == nil {
 		return a
 	}
@@ -157,19 +157,19 @@ func (c *LoadControlConfig) validate() error {
 	case c.Preset != "" && c.Preset != presetFarm:
 		return fmt.Errorf("load_control: preset must be %q or empty, got %q", presetFarm, c.Preset)
 	case c.Fill < 0 || math.IsNaN(c.Fill) || math.IsInf(c.Fill, 0):
-		return fmt.Errorf("load_control: fill must be a positive number (0 for the default, %g)", selection.DefaultAdmissionFill)
+		return fmt.Errorf("load_control: fill must be a positive number (0 for the default, %g)", loadcontrol.DefaultFill)
 	case c.Linger < 0, c.MaxWait < 0:
 		return errors.New("load_control: linger and max_wait must be positive durations (0 for the defaults)")
 	case c.Stagger < 0:
 		return errors.New("load_control: stagger must not be negative (0 is the default)")
 	case c.MaxQueue < 0:
-		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", selection.DefaultAdmissionQueue)
+		return fmt.Errorf("load_control: max_queue must be positive (0 for the default, %d)", loadcontrol.DefaultQueue)
 	case c.MinResidents < 0:
-		return fmt.Errorf("load_control: min_residents must be positive (0 for the default, %d)", selection.DefaultAdmissionMinResidents)
+		return fmt.Errorf("load_control: min_residents must be positive (0 for the default, %d)", loadcontrol.DefaultMinResidents)
 	case c.CapacityTokens < 0:
 		return errors.New("load_control: capacity_tokens must not be negative (0 reads it from /metrics)")
 	case c.Quantum < -1:
-		return fmt.Errorf("load_control: quantum must be a number of turns, 0 for the default (%d) or -1 for never", selection.DefaultAdmissionQuantum)
+		return fmt.Errorf("load_control: quantum must be a number of turns, 0 for the default (%d) or -1 for never", loadcontrol.DefaultQuantum)
 	case c.FlowHeader != "" && !httpguts.ValidHeaderFieldName(c.FlowHeader):
 		return fmt.Errorf("load_control: flow_header %q is not a header name", c.FlowHeader)
 	}
@@ -178,13 +178,13 @@ func (c *LoadControlConfig) validate() error {
 
 // validateFillRange checks fill_min and fill_max in force: neither, or both
 // with the fill between them.
-func validateFillRange(a selection.AdmissionConfig) error {
+func validateFillRange(a loadcontrol.Config) error {
 	if a.FillMin == 0 && a.FillMax == 0 {
 		return nil
 	}
 	fill := a.Fill
 	if fill == 0 {
-		fill = selection.DefaultAdmissionFill
+		fill = loadcontrol.DefaultFill
 	}
 	if !(a.FillMin > 0 && a.FillMin <= fill && fill <= a.FillMax) || math.IsInf(a.FillMax, 0) {
 		return fmt.Errorf("load_control: fill_min and fill_max go together, with fill (%g) between them, got %g and %g", fill, a.FillMin, a.FillMax)

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/lmwarden/caddy-warden/internal/testrun"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/panel"
 	"github.com/lmwarden/caddy-warden/promptprefix"
@@ -35,9 +36,9 @@ func TestLoadControlStatus(t *testing.T) {
 		noCapacity bool
 	}{
 		{name: "lc-off", want: panel.LoadControlStatus{
-			Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
-			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
-			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
+			Fill: loadcontrol.DefaultFill, LingerSeconds: loadcontrol.DefaultLinger.Seconds(),
+			MaxWaitSeconds: loadcontrol.DefaultWait.Seconds(), MaxQueue: loadcontrol.DefaultQueue,
+			Quantum: loadcontrol.DefaultQuantum, MinResidents: loadcontrol.DefaultMinResidents,
 			SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}, capacity: 40000},
 		{name: "lc-set", lc: &LoadControlConfig{Enabled: true, Fill: 0.8, Linger: caddy.Duration(3 * time.Second),
@@ -48,9 +49,9 @@ func TestLoadControlStatus(t *testing.T) {
 				SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
 		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: panel.LoadControlStatus{
-			Enabled: true, Fill: selection.DefaultAdmissionFill, LingerSeconds: selection.DefaultAdmissionLinger.Seconds(),
-			MaxWaitSeconds: selection.DefaultAdmissionWait.Seconds(), MaxQueue: selection.DefaultAdmissionQueue,
-			Quantum: selection.DefaultAdmissionQuantum, MinResidents: selection.DefaultAdmissionMinResidents,
+			Enabled: true, Fill: loadcontrol.DefaultFill, LingerSeconds: loadcontrol.DefaultLinger.Seconds(),
+			MaxWaitSeconds: loadcontrol.DefaultWait.Seconds(), MaxQueue: loadcontrol.DefaultQueue,
+			Quantum: loadcontrol.DefaultQuantum, MinResidents: loadcontrol.DefaultMinResidents,
 			SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}},
 	} {
@@ -121,7 +122,7 @@ func (fx *selectFixture) selectAsync(t *testing.T, conv string, w http.ResponseW
 	return r, end, out
 }
 
-func (fx *selectFixture) admission() selection.AdmissionStatus {
+func (fx *selectFixture) admission() loadcontrol.Status {
 	return fx.plan.View().Status().Admission
 }
 
@@ -328,7 +329,7 @@ func TestSelectLoadControlOff(t *testing.T) {
 			t.Errorf("an unkeyed turn: %q, want routed", addr)
 		}
 	}
-	if st := on.admission(); st != (selection.AdmissionStatus{Enabled: true, BytesPerToken: selection.BytesPerToken}) {
+	if st := on.admission(); st != (loadcontrol.Status{Enabled: true, BytesPerToken: selection.BytesPerToken}) {
 		t.Errorf("unkeyed turns counted: %+v", st)
 	}
 }
@@ -343,12 +344,12 @@ func TestRequestBody(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		r    *http.Request
-		want selection.Body
+		want loadcontrol.Body
 	}{
-		{"Content-Length", httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", 4000))), selection.Body{Bytes: 4000}},
-		{"unknown length, scanned to its end", chunked(800), selection.Body{Bytes: 800}},
-		{"unknown length, longer than the scan", chunked(4000), selection.Body{Bytes: 1000, Partial: true}},
-		{"unknown length, not scanned", chunked(800), selection.Body{}},
+		{"Content-Length", httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", 4000))), loadcontrol.Body{Bytes: 4000}},
+		{"unknown length, scanned to its end", chunked(800), loadcontrol.Body{Bytes: 800}},
+		{"unknown length, longer than the scan", chunked(4000), loadcontrol.Body{Bytes: 1000, Partial: true}},
+		{"unknown length, not scanned", chunked(800), loadcontrol.Body{}},
 	} {
 		if c.name != "unknown length, not scanned" {
 			sessionKey(c.r, cfg)
@@ -361,7 +362,7 @@ func TestRequestBody(t *testing.T) {
 	r := chunked(4000)
 	sessionKey(r, cfg)
 	readBody(r)
-	if got := requestBody(r); !reflect.DeepEqual(got, selection.Body{Bytes: 4000}) {
+	if got := requestBody(r); !reflect.DeepEqual(got, loadcontrol.Body{Bytes: 4000}) {
 		t.Errorf("read whole while waiting: %+v, want 4000 bytes, exact", got)
 	}
 }
@@ -394,24 +395,24 @@ func TestReadPrefix(t *testing.T) {
 		body        io.Reader
 		length      int64
 		contentType string
-		want        selection.Body
+		want        loadcontrol.Body
 		sent        string
 		err         error
 	}{
 		{"whole", strings.NewReader(chat), int64(len(chat)), "application/json",
-			selection.Body{Bytes: int64(len(chat)), Prefix: promptprefix.Read([]byte(chat))}, chat, nil},
+			loadcontrol.Body{Bytes: int64(len(chat)), Prefix: promptprefix.Read([]byte(chat))}, chat, nil},
 		{"unknown length, past the bound", strings.NewReader(huge), -1, "",
-			selection.Body{Bytes: maxPrefixBody + 1, Partial: true}, huge, nil},
+			loadcontrol.Body{Bytes: maxPrefixBody + 1, Partial: true}, huge, nil},
 		{"read error", io.MultiReader(strings.NewReader(chat[:20]), iotest.ErrReader(readErr)), -1, "",
-			selection.Body{Bytes: 20, Partial: true}, chat[:20], readErr},
-		{"not JSON", strings.NewReader(chat), int64(len(chat)), "multipart/form-data", selection.Body{}, chat, nil},
+			loadcontrol.Body{Bytes: 20, Partial: true}, chat[:20], readErr},
+		{"not JSON", strings.NewReader(chat), int64(len(chat)), "multipart/form-data", loadcontrol.Body{}, chat, nil},
 	} {
 		r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/v1/messages", c.body)
 		r.ContentLength = c.length
 		if c.contentType != "" {
 			r.Header.Set("Content-Type", c.contentType)
 		}
-		var got selection.Body
+		var got loadcontrol.Body
 		readPrefix(r, &got)
 		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)

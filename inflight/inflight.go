@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/replyend"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
@@ -22,10 +23,10 @@ type Request struct {
 	// Ticket is set on the first try, before the request's end can run
 	// Release; TurnedAway is set then when load control refused the turn
 	// or its client left while it waited, so that no retry sends it.
-	Ticket     *selection.Ticket
+	Ticket     *loadcontrol.Ticket
 	TurnedAway bool
 	// Body is the request body's size, and its prefix parts when read.
-	Body selection.Body
+	Body loadcontrol.Body
 
 	// reply is what the reply's reader saw of it as it streamed, and
 	// Release takes what it has read by then: a client may hang up at the
@@ -99,14 +100,14 @@ func (f *Request) ReadReply(p []byte) {
 // replyRead is what the reply told so far: whether it ended the agent's
 // task, and its usage (the prompt's size, its cached part, the reply's
 // size). It is zero for a reply not read.
-func (f *Request) replyRead() selection.Reply {
+func (f *Request) replyRead() loadcontrol.Reply {
 	f.replyMu.Lock()
 	defer f.replyMu.Unlock()
 	if f.reply == nil {
-		return selection.Reply{}
+		return loadcontrol.Reply{}
 	}
 	u := f.reply.Usage()
-	return selection.Reply{
+	return loadcontrol.Reply{
 		TaskEnded:    f.reply.TaskEnded(),
 		PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CacheReported: u.CacheReported,
 		OutputTokens: u.OutputTokens,

@@ -3,7 +3,7 @@ package panel
 import (
 	"strconv"
 
-	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // FlowStatus is one flow's share of load control's queue since the model
@@ -34,14 +34,14 @@ func FlowID(id uint64) string {
 	return "0000000000000000"[len(s):] + s
 }
 
-func flowStatus(name string, f selection.FlowStatus) FlowStatus {
+func flowStatus(name string, f loadcontrol.FlowStatus) FlowStatus {
 	return FlowStatus{Flow: name, Waiting: f.Waiting, Admitted: f.Admitted, Queued: f.Queued, Refused: f.Refused,
 		WaitedSeconds: f.Waited.Seconds()}
 }
 
 // flowsStatus is the flows counted apart, the most recently active first,
 // and the folded ones.
-func flowsStatus(fs selection.FlowsStatus) (flows []FlowStatus, other FlowStatus) {
+func flowsStatus(fs loadcontrol.FlowsStatus) (flows []FlowStatus, other FlowStatus) {
 	flows = make([]FlowStatus, 0, len(fs.Counted))
 	for _, f := range fs.Counted {
 		flows = append(flows, flowStatus(FlowID(f.ID), f))

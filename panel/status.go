@@ -6,6 +6,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/kvevents"
 	"github.com/lmwarden/caddy-warden/livemodel"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/pinsnapshot"
 	"github.com/lmwarden/caddy-warden/pinstore"
@@ -163,8 +164,8 @@ type ReplyTokensStatus struct {
 	CachedPercent *float64 `json:"cached_percent"`
 }
 
-func replyUsageStatus(a selection.AdmissionStatus) ReplyUsageStatus {
-	tokens := func(c selection.TokenCounts) ReplyTokensStatus {
+func replyUsageStatus(a loadcontrol.Status) ReplyUsageStatus {
+	tokens := func(c loadcontrol.TokenCounts) ReplyTokensStatus {
 		out := ReplyTokensStatus{PromptTokens: c.Prompt, CachedTokens: c.Cached}
 		if a.CacheReplies > 0 && c.Prompt > 0 {
 			p := 100 * float64(c.Cached) / float64(c.Prompt)
@@ -400,8 +401,8 @@ func known(v float64, ok bool) *float64 {
 }
 
 // sharedPrefixTokens is a's shared prefix, nil until known.
-func sharedPrefixTokens(a selection.AdmissionStatus) *int {
-	if a.SharedPrefixSource == selection.SharedUnknown {
+func sharedPrefixTokens(a loadcontrol.Status) *int {
+	if a.SharedPrefixSource == loadcontrol.SharedUnknown {
 		return nil
 	}
 	return &a.SharedPrefix

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 const (
@@ -47,7 +49,7 @@ func BenchmarkPinnedLookupCosted(b *testing.B) {
 	keys := make([]string, benchConversations)
 	for i := range keys {
 		keys[i] = "5f0c8e3a-0000-4000-8000-" + strconv.Itoa(100000000000+i)
-		r.Pick(Request{Key: keys[i], PromptTokens: 10000, Now: t0}).End(t0, Reply{})
+		r.Pick(Request{Key: keys[i], PromptTokens: 10000, Now: t0}).End(t0, loadcontrol.Reply{})
 	}
 	b.ReportAllocs()
 	i := 0

@@ -1,6 +1,10 @@
 package selection
 
-import "math"
+import (
+	"math"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
+)
 
 // What a conversation's pin still caches. A pin is kept for the cache it
 // holds, so the cost of a turn there counts only the part of its prompt the
@@ -38,7 +42,7 @@ func (d Decision) onPin(v *View, e *session, key uint64, prompt int) Decision {
 // sent before the conversation moved, or before its entry was replaced,
 // is not counted in busy: even if the conversation came back to the same
 // replica since, its end says nothing of the new turn.
-func (r *Router) ended(d Decision, reply Reply) {
+func (r *Router) ended(d Decision, reply loadcontrol.Reply) {
 	sh := r.sessions.shard(d.key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -3,6 +3,8 @@ package selection
 import (
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // kvLoad is a replica with a 40,000-token cache, 10% in use, that has
@@ -166,7 +168,7 @@ func TestNoCountersNoEviction(t *testing.T) {
 // With load control on, the gate keeps residents' caches and moves the
 // others itself: a pick does not move a conversation whose pin lost it.
 func TestLoadControlDoesNotMoveForTheCache(t *testing.T) {
-	r := newTestRouter(2, Config{MaxNumSeqs: 32, Admission: AdmissionConfig{Enabled: true}})
+	r := newTestRouter(2, Config{MaxNumSeqs: 32, Admission: loadcontrol.Config{Enabled: true}})
 	teachRate(r, 5000, kvLoad(1000))
 	home := id(turn(t, r, "a", 0))
 	r.SetLoad(home, withRate(kvLoad(1000+100000), 5000, 2))

@@ -1,5 +1,9 @@
 package selection
 
+import (
+	"github.com/lmwarden/caddy-warden/loadcontrol"
+)
+
 // Residency from the replicas' KV cache events. Where a replica publishes
 // them (vLLM's --kv-events-config) and something follows them
 // (kvevents.Subscriber), what a conversation pinned there still has cached
@@ -89,7 +93,7 @@ func (e *session) sent(rep *replicaState) {
 // begun by then whose last events have not arrived yet is looked for again
 // when the conversation comes back; one whose first events come later is
 // not found.
-func (e *session) replied(reply Reply) {
+func (e *session) replied(reply loadcontrol.Reply) {
 	src := e.pin.chains.Load()
 	if src == nil {
 		e.chain = chain{}

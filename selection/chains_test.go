@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/kvevents"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // With its pin's KV cache events followed, a conversation is judged by
@@ -36,7 +37,7 @@ func TestKVCacheEventsJudgeResidency(t *testing.T) {
 	home := id(d)
 	c := chains[home]
 	c.Stored(219, blocks(220, 631))
-	d.End(time.Time{}, Reply{PromptTokens: 10000, CachedTokens: 3504, CacheReported: true, OutputTokens: 97})
+	d.End(time.Time{}, loadcontrol.Reply{PromptTokens: 10000, CachedTokens: 3504, CacheReported: true, OutputTokens: 97})
 
 	// The counters say everything was evicted; the events say not.
 	evicted := load
@@ -47,7 +48,7 @@ func TestKVCacheEventsJudgeResidency(t *testing.T) {
 		t.Fatalf("the pin holds a's chain: %v on %s, want sticky on %s", d.Outcome, id(d), home)
 	}
 	c.Stored(631, blocks(632, 656))
-	d.End(time.Time{}, Reply{PromptTokens: 10500, CachedTokens: 10096, CacheReported: true, OutputTokens: 1})
+	d.End(time.Time{}, loadcontrol.Reply{PromptTokens: 10500, CachedTokens: 10096, CacheReported: true, OutputTokens: 1})
 
 	// The pin evicts 300 blocks from the tail: 4,800 tokens, under half of
 	// the last prompt.
@@ -55,7 +56,7 @@ func TestKVCacheEventsJudgeResidency(t *testing.T) {
 	if d = r.Pick(Request{Key: "a", PromptTokens: 11000, Now: t0.Add(2 * time.Second)}); d.Outcome != Sticky {
 		t.Fatalf("4,800 of 10,500 tokens evicted: %v, want sticky", d.Outcome)
 	}
-	d.End(time.Time{}, Reply{}) // no usage: the events cannot follow this turn
+	d.End(time.Time{}, loadcontrol.Reply{}) // no usage: the events cannot follow this turn
 	// 100 blocks more are evicted, which the counters do not see.
 	c.Removed(blocks(257, 356))
 	if d = r.Pick(Request{Key: "a", PromptTokens: 11000, Now: t0.Add(3 * time.Second)}); d.Outcome != Sticky {
@@ -63,7 +64,7 @@ func TestKVCacheEventsJudgeResidency(t *testing.T) {
 	}
 	// That turn finds 256 blocks cached and stores 433.
 	c.Stored(256, blocks(257, 689))
-	d.End(time.Time{}, Reply{PromptTokens: 11000, CachedTokens: 4096, CacheReported: true, OutputTokens: 40})
+	d.End(time.Time{}, loadcontrol.Reply{PromptTokens: 11000, CachedTokens: 4096, CacheReported: true, OutputTokens: 40})
 	c.Removed(blocks(257, 689))
 	if got := cachedNow(testRouter{View: r.View, Router: r.Router}, "a"); got != 11000-6928 {
 		t.Fatalf("6,928 of 11,000 tokens evicted: %d cached, want %d", got, 11000-6928)

@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // withRate is l as a scrape taken at t0+at seconds of an engine that has
@@ -27,7 +29,7 @@ func teachRate(r testRouter, rate float64, base Load) {
 // conversation.
 func teachTurns(r testRouter, d time.Duration) {
 	for range 200 {
-		r.Pick(Request{Now: t0}).End(t0.Add(d), Reply{})
+		r.Pick(Request{Now: t0}).End(t0.Add(d), loadcontrol.Reply{})
 	}
 }
 
@@ -273,7 +275,7 @@ func TestCountOnlyRequestIsNoTurn(t *testing.T) {
 	r := newTestRouter(2, Config{})
 	teachRate(r, 5000, kvLoad(1000))
 	first := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: t0})
-	first.End(t0.Add(time.Second), Reply{})
+	first.End(t0.Add(time.Second), loadcontrol.Reply{})
 	home := id(first)
 	r.SetLoad(home, kvLoad(1000+36000+5000)) // 5,000 of a's 10,000 evicted
 	count := func(key string) Decision {
@@ -286,7 +288,7 @@ func TestCountOnlyRequestIsNoTurn(t *testing.T) {
 	if got := r.byID[home].backlog.at(t0.Add(time.Second).UnixNano(), 0); got != 0 {
 		t.Errorf("backlog %g after a count, want 0", got)
 	}
-	d.End(t0.Add(time.Hour), Reply{})
+	d.End(t0.Add(time.Hour), loadcontrol.Reply{})
 	if got := r.Status().TurnSeconds; got != 1 {
 		t.Errorf("turn duration %g s after a count of an hour, want the turn's 1 s", got)
 	}

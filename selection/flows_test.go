@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // flowBench is one replica whose cache holds one conversation: each turn
@@ -15,25 +17,25 @@ type flowBench struct {
 	t       *testing.T
 	r       testRouter
 	now     time.Time
-	running *Ticket
+	running *loadcontrol.Ticket
 	order   []string
 }
 
 func newFlowBench(t *testing.T) *flowBench {
-	b := &flowBench{t: t, now: t0, r: newTestRouter(1, Config{Admission: AdmissionConfig{
+	b := &flowBench{t: t, now: t0, r: newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})}
 	b.running = b.admit("resident", Request{})
-	mustState(t, b.running, Admitted)
+	mustState(t, b.running, loadcontrol.Admitted)
 	return b
 }
 
 // admit asks for admission of a 100-token turn of the conversation name, in
 // req's flow.
-func (b *flowBench) admit(name string, req Request) *Ticket {
+func (b *flowBench) admit(name string, req Request) *loadcontrol.Ticket {
 	req.Key, req.Now = name, b.now
-	var tk *Ticket
-	tk = b.r.View.Admit(req, Body{Bytes: 100 * BytesPerToken}, func() {
+	var tk *loadcontrol.Ticket
+	tk = b.r.View.Admit(req, loadcontrol.Body{Bytes: 100 * BytesPerToken}, func() {
 		b.order = append(b.order, name)
 		b.running = tk
 	})
@@ -54,7 +56,7 @@ func (b *flowBench) step(n int) {
 	for range n {
 		b.now = b.now.Add(time.Second)
 		running := b.running
-		running.End(b.now, Reply{TaskEnded: true})
+		running.End(b.now, loadcontrol.Reply{TaskEnded: true})
 		if b.running == running {
 			b.t.Fatalf("nothing admitted after a turn ended; admitted so far: %v", b.order)
 		}
@@ -64,7 +66,7 @@ func (b *flowBench) step(n int) {
 func TestFlowsAreServedRoundRobin(t *testing.T) {
 	b := newFlowBench(t)
 	for i := range 4 {
-		mustState(t, b.admit(fmt.Sprint("a", i+1), Request{Flow: 1}), Waiting)
+		mustState(t, b.admit(fmt.Sprint("a", i+1), Request{Flow: 1}), loadcontrol.Waiting)
 	}
 	b.admit("b1", Request{Flow: 2})
 	b.admit("b2", Request{Flow: 2})
@@ -125,7 +127,7 @@ func TestMainTurnsGoAheadOfTheirFlowsSubagentsAndSideCalls(t *testing.T) {
 	// side's last request on its pin had an 800-token prompt: a 100-token
 	// turn of it is a side call.
 	d := b.r.Pick(Request{Key: "side", PromptTokens: 800, Now: b.now})
-	d.End(b.now, Reply{})
+	d.End(b.now, loadcontrol.Reply{})
 	b.admit("sub1", Request{Flow: 1, Parent: HashKey("main")})
 	b.admit("side", Request{Flow: 1})
 	b.admit("other", Request{Flow: 2})
@@ -144,13 +146,13 @@ func TestFlowCountersAndWaits(t *testing.T) {
 	b.admit("a2", Request{Flow: 1})
 	b.admit("b1", Request{Flow: 2})
 	flows := b.r.Status().Flows.Counted
-	want := []FlowStatus{{ID: 2, Waiting: 1, Queued: 1}, {ID: 1, Waiting: 2, Queued: 2}, {ID: 0, Admitted: 1}}
+	want := []loadcontrol.FlowStatus{{ID: 2, Waiting: 1, Queued: 1}, {ID: 1, Waiting: 2, Queued: 2}, {ID: 0, Admitted: 1}}
 	if !slices.Equal(flows, want) {
 		t.Fatalf("flows %+v, want %+v", flows, want)
 	}
 	b.drain() // a1 at t0+1s, b1 at +2s, a2 at +3s
 	flows = b.r.Status().Flows.Counted
-	want = []FlowStatus{{ID: 1, Admitted: 2, Queued: 2, Waited: 4 * time.Second}, {ID: 2, Admitted: 1, Queued: 1, Waited: 2 * time.Second}, {ID: 0, Admitted: 1}}
+	want = []loadcontrol.FlowStatus{{ID: 1, Admitted: 2, Queued: 2, Waited: 4 * time.Second}, {ID: 2, Admitted: 1, Queued: 1, Waited: 2 * time.Second}, {ID: 0, Admitted: 1}}
 	if !slices.Equal(flows, want) {
 		t.Fatalf("flows %+v, want %+v", flows, want)
 	}
@@ -161,16 +163,16 @@ func TestFlowCountersAndWaits(t *testing.T) {
 // the others' counts, none lost, and a flow with turns waiting is never
 // folded.
 func TestFlowCountsAreBounded(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1, MaxQueue: 10,
 	}})
-	fill := r.View.Admit(Request{Key: "fill", Flow: 1, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
-	waiting := r.View.Admit(Request{Key: "waits", Flow: 2, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
-	mustState(t, waiting, Waiting)
+	fill := r.View.Admit(Request{Key: "fill", Flow: 1, Now: t0}, loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil)
+	waiting := r.View.Admit(Request{Key: "waits", Flow: 2, Now: t0}, loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil)
+	mustState(t, waiting, loadcontrol.Waiting)
 	const flood = 10_000
 	for i := range flood {
 		// Each a resident's turn: admitted at once, whatever the queue.
-		r.View.Admit(Request{Key: "fill", Flow: uint64(1000 + i), Now: t0}, Body{Bytes: BytesPerToken}, nil).Done(t0)
+		r.View.Admit(Request{Key: "fill", Flow: uint64(1000 + i), Now: t0}, loadcontrol.Body{Bytes: BytesPerToken}, nil).Done(t0)
 	}
 	st := r.Status()
 	if len(st.Flows.Counted) != maxFlowsCounted {
@@ -188,8 +190,8 @@ func TestFlowCountsAreBounded(t *testing.T) {
 	if !seen[2] || !seen[1000+flood-1] || seen[1] {
 		t.Fatalf("counted apart: the waiting flow %v, the latest %v, the idlest %v; want true, true, false", seen[2], seen[1000+flood-1], seen[1])
 	}
-	fill.End(t0, Reply{TaskEnded: true})
-	mustState(t, waiting, Admitted)
+	fill.End(t0, loadcontrol.Reply{TaskEnded: true})
+	mustState(t, waiting, loadcontrol.Admitted)
 	if f := r.Status().Flows.Counted[0]; f.ID != 2 || f.Admitted != 1 || f.Waiting != 0 {
 		t.Fatalf("the waiting flow, once admitted: %+v", f)
 	}
@@ -198,16 +200,16 @@ func TestFlowCountsAreBounded(t *testing.T) {
 // With every flow counted apart waiting, a new flow counts with the folded
 // ones, and its turn waits and is admitted as any other.
 func TestANewFlowCountsWithTheFoldedOnesWhenEveryCountedFlowWaits(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
 	}})
-	first := r.View.Admit(Request{Key: "first", Flow: 0, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
-	r.View.Admit(Request{Key: "w", Flow: 0, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+	first := r.View.Admit(Request{Key: "first", Flow: 0, Now: t0}, loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil)
+	r.View.Admit(Request{Key: "w", Flow: 0, Now: t0}, loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil)
 	for i := range maxFlowsCounted - 1 {
-		r.View.Admit(Request{Key: fmt.Sprint("w", i), Flow: uint64(i + 1), Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
+		r.View.Admit(Request{Key: fmt.Sprint("w", i), Flow: uint64(i + 1), Now: t0}, loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil)
 	}
-	extra := r.View.Admit(Request{Key: "extra", Flow: 9999, Now: t0}, Body{Bytes: 100 * BytesPerToken}, nil)
-	mustState(t, extra, Waiting)
+	extra := r.View.Admit(Request{Key: "extra", Flow: 9999, Now: t0}, loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil)
+	mustState(t, extra, loadcontrol.Waiting)
 	flows := r.Status().Flows
 	if len(flows.Counted) != maxFlowsCounted || flows.Other.Waiting != 1 || flows.Other.Queued != 1 {
 		t.Fatalf("%d flows counted apart, the others %+v; want %d and one waiting", len(flows.Counted), flows.Other, maxFlowsCounted)
@@ -215,7 +217,10 @@ func TestANewFlowCountsWithTheFoldedOnesWhenEveryCountedFlowWaits(t *testing.T) 
 	r.ReleaseWaiting()
 	first.Done(t0)
 	st := r.Status()
-	if st.Admission.Waiting != 0 || st.Flows.Other.Waiting != 0 || slices.ContainsFunc(st.Flows.Counted, func(f FlowStatus) bool { return f.Waiting != 0 }) {
+	if st.Admission.Waiting != 0 || st.Flows.Other.Waiting != 0 || slices.ContainsFunc(st.Flows.Counted, func(f loadcontrol.FlowStatus) bool { return f.Waiting != 0 }) {
 		t.Fatalf("after every waiting turn was let go: %d waiting, the others %+v", st.Admission.Waiting, st.Flows.Other)
 	}
 }
+
+// maxFlowsCounted is loadcontrol's: the flows counted apart.
+const maxFlowsCounted = 256

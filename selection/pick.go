@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
@@ -160,19 +161,19 @@ func (d Decision) Replica() (rep Replica, ok bool) {
 
 // Release gives back the request's in-flight count when it ends without
 // a reply (a failed try, a request given up).
-func (d Decision) Release() { d.end(Reply{}) }
+func (d Decision) Release() { d.end(loadcontrol.Reply{}) }
 
 // End is Release for a request that ended at now: its duration teaches the
 // turns' duration (cost.go), and what reply reports of its usage lets the
 // replica's KV cache events follow the conversation (chains.go).
-func (d Decision) End(now time.Time, reply Reply) {
+func (d Decision) End(now time.Time, reply loadcontrol.Reply) {
 	if d.from != nil {
 		d.from.observeTurn(now.UnixNano() - d.sent)
 	}
 	d.end(reply)
 }
 
-func (d Decision) end(reply Reply) {
+func (d Decision) end(reply loadcontrol.Reply) {
 	if d.rep == nil {
 		return
 	}
@@ -195,7 +196,7 @@ func (v *View) Pick(req Request) Decision {
 	}
 	d := v.pick(req)
 	if v.cfg.Admission.Enabled && d.Outcome.movesPin() {
-		v.follow(req.key(), req.Now.UnixNano())
+		v.lc.Follow(req.key(), req.Now.UnixNano())
 	}
 	if d.rep != nil {
 		d.rep.lastSent.Store(req.Now.UnixNano())

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // Defaults of Config.
@@ -42,7 +44,7 @@ type Config struct {
 	// this router alone.
 	Shared SharedPins
 	// Admission is load control, off by default.
-	Admission AdmissionConfig
+	Admission loadcontrol.Config
 	// CompactionInterval is the least time between two placements of a
 	// conversation for compaction (or since it was placed); a compaction
 	// hint sooner is ignored (counted in Status.CompactionsIgnored).
@@ -62,7 +64,7 @@ func (c Config) withDefaults() Config {
 	if c.CompactionInterval <= 0 {
 		c.CompactionInterval = DefaultCompactionInterval
 	}
-	c.Admission = c.Admission.withDefaults()
+	c.Admission = c.Admission.WithDefaults()
 	return c
 }
 
@@ -78,7 +80,7 @@ type Router struct {
 	states   map[string]*replicaState // by replica ID, every replica an applied view listed
 
 	sessions *sessionTable
-	gate     *gate
+	gate     *loadcontrol.Gate
 	// prefix learns the system prompt and tools conversations share.
 	prefix *prefixLearner
 	// placeMu serialises decisions that compare replicas, so that the load a
@@ -117,7 +119,7 @@ func NewRouter(model string, now time.Time) *Router {
 		since:    now,
 		states:   map[string]*replicaState{},
 		sessions: newSessionTable(DefaultMaxSessions),
-		gate:     newGate(),
+		gate:     loadcontrol.NewGate(),
 		prefix:   newPrefixLearner(),
 	}
 }
@@ -143,6 +145,7 @@ func (r *Router) View(cfg Config, replicas []Replica) *View {
 		v.replicas = append(v.replicas, s)
 		v.byID[rep.ID] = s
 	}
+	v.lc = r.gate.View(v.cfg.Admission, v.cfg.Affinity, loadRouting{v})
 	return v
 }
 
@@ -187,6 +190,7 @@ type View struct {
 	cfg      Config
 	replicas []*replicaState
 	byID     map[string]*replicaState
+	lc       *loadcontrol.View // load control under this config's settings
 }
 
 // Affinity reports whether sessions are pinned.
@@ -274,9 +278,10 @@ func (v *View) has(s *replicaState) bool {
 	return false
 }
 
-// Sweep forgets sessions idle past the view's TTL and ends the active state
-// of those idle past its active window. Call it periodically (every second)
-// on the applied view.
+// Sweep forgets sessions idle past the view's TTL, ends the active state
+// of those idle past its active window, and sweeps load control
+// (loadcontrol.View.Sweep). Call it periodically (every second) on the
+// applied view.
 func (v *View) Sweep(now time.Time) {
 	r := v.router
 	ttl, window := int64(v.cfg.SessionTTL), int64(v.activeWindow())
@@ -287,12 +292,5 @@ func (v *View) Sweep(now time.Time) {
 		sh.mu.Unlock()
 		r.expired.Add(uint64(n))
 	}
-	if !v.cfg.Admission.Enabled {
-		r.ReleaseWaiting() // a reload turned load control off
-		return
-	}
-	r.gate.mu.Lock()
-	notify := v.expire(now.UnixNano())
-	r.gate.mu.Unlock()
-	runAll(notify)
+	v.lc.Sweep(now)
 }

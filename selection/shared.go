@@ -88,7 +88,7 @@ func (v *View) Adopt(key uint64, replica string, now time.Time) bool {
 		return false
 	}
 	if moved && v.cfg.Admission.Enabled {
-		v.follow(key, now.UnixNano()) // its turns go there now: so does its residency
+		v.lc.Follow(key, now.UnixNano()) // its turns go there now: so does its residency
 	}
 	to.adopted.Add(1)
 	return true

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
@@ -178,14 +179,14 @@ func (l *prefixLearner) repliesKnown() bool { return l.fromReplies.Load() >= 0 }
 
 // tokens is the shared prefix in tokens: the replies' once they told it,
 // else the requests' at perToken body bytes per token, else 0.
-func (l *prefixLearner) tokens(perToken float64) (tokens int, source SharedPrefixSource) {
+func (l *prefixLearner) tokens(perToken float64) (tokens int, source loadcontrol.SharedPrefixSource) {
 	if n := l.fromReplies.Load(); n >= 0 {
-		return int(n), SharedFromReplies
+		return int(n), loadcontrol.SharedFromReplies
 	}
 	if n := l.fromRequests.Load(); n >= 0 {
-		return tokensOf(n, perToken), SharedFromRequests
+		return tokensOf(n, perToken), loadcontrol.SharedFromRequests
 	}
-	return 0, SharedUnknown
+	return 0, loadcontrol.SharedUnknown
 }
 
 // sharedTokens is the shared prefix in tokens (prefixLearner.tokens).
@@ -195,44 +196,7 @@ func (r *Router) sharedTokens() int {
 }
 
 // sharedPrefix is the shared prefix in tokens and where it was learnt.
-func (r *Router) sharedPrefix() (int, SharedPrefixSource) {
+func (r *Router) sharedPrefix() (int, loadcontrol.SharedPrefixSource) {
 	perToken, _ := r.bytesPerTokenLearned()
 	return r.prefix.tokens(perToken)
-}
-
-// SharedPrefixSource tells where load control read the shared prefix.
-type SharedPrefixSource uint8
-
-// Sources of the shared prefix.
-const (
-	SharedUnknown      SharedPrefixSource = iota // neither told yet: nothing counts as shared
-	SharedFromReplies                            // the cached part of new conversations' replies
-	SharedFromRequests                           // the system prompt and tools the requests share
-)
-
-func (s SharedPrefixSource) String() string {
-	return [...]string{"unknown", "replies", "requests"}[s]
-}
-
-// distinct is what a replica holding h holds with a prompt of tokens more
-// (0: none): the prompts less the shared prefix for each but one, and never
-// less than the new prompt or a mean one, so that conversations that share
-// less than the prefix (another agent's, a sub-agent with its own system
-// prompt) cannot make a replica look all but empty (g.mu held).
-func (v *View) distinct(h residency, tokens int) int {
-	n, sum := h.with(tokens)
-	if n <= 1 {
-		return sum
-	}
-	shared := v.router.sharedTokens()
-	return max(sum-(n-1)*shared, tokens, sum/n)
-}
-
-// with is how many conversations, and how many tokens, h holds with a
-// prompt of tokens more (0: none).
-func (h residency) with(tokens int) (count, sum int) {
-	if tokens > 0 {
-		return h.count + 1, h.tokens + tokens
-	}
-	return h.count, h.tokens
 }

@@ -5,29 +5,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/promptprefix"
 )
 
 // sharedRouter is one replica whose cache holds capacity tokens; a replica
 // takes a second conversation only if it fits, and residents stay.
 func sharedRouter(capacity int) testRouter {
-	return newTestRouter(1, Config{Admission: AdmissionConfig{
+	return newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: capacity, Fill: 1, MinResidents: 1, Linger: time.Hour, Quantum: -1,
 	}})
 }
 
 // endTurn admits a 60-token turn of key and ends it with its reply.
-func endTurn(t *testing.T, r testRouter, key string, reply Reply) {
+func endTurn(t *testing.T, r testRouter, key string, reply loadcontrol.Reply) {
 	t.Helper()
-	tk := r.admitKey(HashKey(key), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
-	mustState(t, tk, Admitted)
+	tk := r.admitKey(HashKey(key), loadcontrol.Body{Bytes: 60 * BytesPerToken}, nil, t0, nil)
+	mustState(t, tk, loadcontrol.Admitted)
 	tk.End(t0, reply)
 }
 
 // learnedPrefix is the shared prefix and whether the replies told it.
 func learnedPrefix(r testRouter) (int, bool) {
 	st := r.Status().Admission
-	return st.SharedPrefix, st.SharedPrefixSource == SharedFromReplies
+	return st.SharedPrefix, st.SharedPrefixSource == loadcontrol.SharedFromReplies
 }
 
 // Load control learns the shared prefix from what new conversations' first
@@ -37,16 +38,16 @@ func learnedPrefix(r testRouter) (int, bool) {
 // turn, and a pinned conversation's return (which finds its own history).
 func TestSharedPrefixLearnedFromFirstTurnsBesideResidents(t *testing.T) {
 	r := sharedRouter(10000)
-	endTurn(t, r, "alone", Reply{PromptTokens: 60, CachedTokens: 55, CacheReported: true})
-	endTurn(t, r, "ended", Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true, TaskEnded: true})
-	endTurn(t, r, "ended", Reply{PromptTokens: 60, CachedTokens: 58, CacheReported: true}) // pinned, back
+	endTurn(t, r, "alone", loadcontrol.Reply{PromptTokens: 60, CachedTokens: 55, CacheReported: true})
+	endTurn(t, r, "ended", loadcontrol.Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true, TaskEnded: true})
+	endTurn(t, r, "ended", loadcontrol.Reply{PromptTokens: 60, CachedTokens: 58, CacheReported: true}) // pinned, back
 	for i := range 3 {
 		if n, known := learnedPrefix(r); known {
 			t.Fatalf("shared prefix %d known after %d first turns beside residents, want unknown before 4", n, i+1)
 		}
-		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
+		endTurn(t, r, fmt.Sprintf("c%d", i), loadcontrol.Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
 	}
-	endTurn(t, r, "c0", Reply{PromptTokens: 60, CachedTokens: 60, CacheReported: true}) // resident
+	endTurn(t, r, "c0", loadcontrol.Reply{PromptTokens: 60, CachedTokens: 60, CacheReported: true}) // resident
 	if n, known := learnedPrefix(r); !known || n != 50 {
 		t.Fatalf("shared prefix %d (known %v), want 50", n, known)
 	}
@@ -57,9 +58,9 @@ func TestSharedPrefixLearnedFromFirstTurnsBesideResidents(t *testing.T) {
 // Once learned, a conversation is admitted that fits only so counted.
 func TestSharedPrefixIsCountedOnce(t *testing.T) {
 	r := sharedRouter(10000)
-	endTurn(t, r, "first", Reply{PromptTokens: 60})
+	endTurn(t, r, "first", loadcontrol.Reply{PromptTokens: 60})
 	for i := range 4 {
-		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
+		endTurn(t, r, fmt.Sprintf("c%d", i), loadcontrol.Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
 	}
 	if got := r.Status().Replicas[0].ResidentTokens; got != 100 {
 		t.Fatalf("5 residents of 60 with 50 shared hold %d tokens, want 100", got)
@@ -69,15 +70,9 @@ func TestSharedPrefixIsCountedOnce(t *testing.T) {
 	tight := r.cfg
 	tight.Admission.CapacityTokens = 150
 	r.reload(tight, servers(1))
-	mustState(t, r.admitKey(HashKey("fits"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Admitted)
-	mustState(t, r.admitKey(HashKey("too-large"), Body{Bytes: 200 * BytesPerToken}, nil, t0, nil), Waiting)
+	mustState(t, r.admitKey(HashKey("fits"), loadcontrol.Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), loadcontrol.Admitted)
+	mustState(t, r.admitKey(HashKey("too-large"), loadcontrol.Body{Bytes: 200 * BytesPerToken}, nil, t0, nil), loadcontrol.Waiting)
 
-	if got := r.distinct(residency{count: 3, tokens: 30}, 0); got != 10 {
-		t.Errorf("3 residents of 10 tokens with 50 shared hold %d, want a mean prompt, 10", got)
-	}
-	if got := r.distinct(residency{count: 3, tokens: 30}, 100); got != 100 {
-		t.Errorf("3 residents of 10 tokens with 50 shared and a prompt of 100 hold %d, want the prompt, 100", got)
-	}
 }
 
 // Once the server has reported a cached part, a first turn whose reply
@@ -85,10 +80,10 @@ func TestSharedPrefixIsCountedOnce(t *testing.T) {
 // shares nothing is not taken for one that shares what a few forks found.
 func TestSharedPrefixCountsFirstTurnsThatFoundNothing(t *testing.T) {
 	r := sharedRouter(10000)
-	endTurn(t, r, "first", Reply{PromptTokens: 60})
-	endTurn(t, r, "fork", Reply{PromptTokens: 60, CachedTokens: 55, CacheReported: true})
+	endTurn(t, r, "first", loadcontrol.Reply{PromptTokens: 60})
+	endTurn(t, r, "fork", loadcontrol.Reply{PromptTokens: 60, CachedTokens: 55, CacheReported: true})
 	for i := range 3 {
-		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60})
+		endTurn(t, r, fmt.Sprintf("c%d", i), loadcontrol.Reply{PromptTokens: 60})
 	}
 	if n, known := learnedPrefix(r); !known || n != 0 {
 		t.Fatalf("shared prefix %d (known %v) after a fork and 3 first turns that found nothing, want 0", n, known)
@@ -99,10 +94,10 @@ func TestSharedPrefixCountsFirstTurnsThatFoundNothing(t *testing.T) {
 func TestSharedPrefixUnknownCountsPromptsWhole(t *testing.T) {
 	r := sharedRouter(150)
 	for _, key := range []string{"a", "b"} {
-		endTurn(t, r, key, Reply{PromptTokens: 60}) // no cached part reported
+		endTurn(t, r, key, loadcontrol.Reply{PromptTokens: 60}) // no cached part reported
 	}
-	mustState(t, r.admitKey(HashKey("c"), Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), Waiting)
-	if st := r.Status(); st.Admission.SharedPrefixSource != SharedUnknown || st.Replicas[0].ResidentTokens != 120 {
+	mustState(t, r.admitKey(HashKey("c"), loadcontrol.Body{Bytes: 60 * BytesPerToken}, nil, t0, nil), loadcontrol.Waiting)
+	if st := r.Status(); st.Admission.SharedPrefixSource != loadcontrol.SharedUnknown || st.Replicas[0].ResidentTokens != 120 {
 		t.Fatalf("shared prefix from %v, resident tokens %d; want unknown, 120", st.Admission.SharedPrefixSource, st.Replicas[0].ResidentTokens)
 	}
 }
@@ -142,21 +137,21 @@ func TestSharedPrefixIgnoresOutliers(t *testing.T) {
 // it does not idle through the tool pauses of its only one, and keeps both
 // when their replies show them larger still; a third must fit.
 func TestAdmissionSecondResidentHoweverLarge(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, Linger: time.Minute,
 	}})
-	admit := func(key string, tokens int) *Ticket {
-		return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+	admit := func(key string, tokens int) *loadcontrol.Ticket {
+		return r.admitKey(HashKey(key), loadcontrol.Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
 	}
 	a, b := admit("a", 40), admit("b", 40)
-	mustState(t, a, Admitted)
-	mustState(t, b, Admitted)
-	a.End(t0, Reply{PromptTokens: 90}) // sized on the assumed bytes per token: 90, not 40
-	b.End(t0, Reply{PromptTokens: 90})
+	mustState(t, a, loadcontrol.Admitted)
+	mustState(t, b, loadcontrol.Admitted)
+	a.End(t0, loadcontrol.Reply{PromptTokens: 90}) // sized on the assumed bytes per token: 90, not 40
+	b.End(t0, loadcontrol.Reply{PromptTokens: 90})
 	if got := r.Status().Replicas[0].Residents; got != 2 {
 		t.Fatalf("%d residents after their replies showed 2 × 90 tokens, want both kept", got)
 	}
-	mustState(t, admit("c", 1), Waiting)
+	mustState(t, admit("c", 1), loadcontrol.Waiting)
 }
 
 // prefixOf builds a promptprefix.Prefix whose parts are named by names and take bytes each.
@@ -178,37 +173,37 @@ func prefixOf(bytes int, names ...string) promptprefix.Prefix {
 // win once they tell.
 func TestSharedPrefixReadFromRequests(t *testing.T) {
 	r := sharedRouter(10000)
-	turn := func(key string, prefix promptprefix.Prefix, reply Reply) {
+	turn := func(key string, prefix promptprefix.Prefix, reply loadcontrol.Reply) {
 		t.Helper()
-		tk := r.admitKey(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
-		mustState(t, tk, Admitted)
+		tk := r.admitKey(HashKey(key), loadcontrol.Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
+		mustState(t, tk, loadcontrol.Admitted)
 		tk.End(t0, reply)
 	}
 	agent := prefixOf(400, "system", "tool-a", "tool-b") // 1,200 bytes, 300 tokens
 	other := prefixOf(400, "system", "tool-a", "tool-c") // shares 800 bytes with agent
-	turn("a0", agent, Reply{})                           // nothing to compare with
-	turn("a0", agent, Reply{})                           // resident
+	turn("a0", agent, loadcontrol.Reply{})               // nothing to compare with
+	turn("a0", agent, loadcontrol.Reply{})               // resident
 	for i := range 4 {
-		if st := r.Status().Admission; st.SharedPrefixSource != SharedUnknown {
+		if st := r.Status().Admission; st.SharedPrefixSource != loadcontrol.SharedUnknown {
 			t.Fatalf("shared prefix from %v after %d conversations compared, want unknown before 4", st.SharedPrefixSource, i)
 		}
-		turn(fmt.Sprintf("a%d", i+1), agent, Reply{})
+		turn(fmt.Sprintf("a%d", i+1), agent, loadcontrol.Reply{})
 	}
-	turn("o", other, Reply{}) // one in five: the lower quartile stays
+	turn("o", other, loadcontrol.Reply{}) // one in five: the lower quartile stays
 	st := r.Status().Admission
-	if st.SharedPrefixSource != SharedFromRequests || st.SharedPrefix != 300 {
+	if st.SharedPrefixSource != loadcontrol.SharedFromRequests || st.SharedPrefix != 300 {
 		t.Fatalf("shared prefix %d from %v, want 300 from the requests", st.SharedPrefix, st.SharedPrefixSource)
 	}
 	// 4,000 bytes of prompt for 2,000 tokens: 2 bytes per token, so the
 	// 1,200 bytes shared are 600 tokens.
-	turn("a1", agent, Reply{PromptTokens: 2000})
+	turn("a1", agent, loadcontrol.Reply{PromptTokens: 2000})
 	if st := r.Status().Admission; st.SharedPrefix != 600 {
 		t.Fatalf("shared prefix %d at 2 bytes per token, want 600", st.SharedPrefix)
 	}
 	for i := range 4 {
-		turn(fmt.Sprintf("r%d", i), agent, Reply{PromptTokens: 1000, CachedTokens: 250, CacheReported: true})
+		turn(fmt.Sprintf("r%d", i), agent, loadcontrol.Reply{PromptTokens: 1000, CachedTokens: 250, CacheReported: true})
 	}
-	if st := r.Status().Admission; st.SharedPrefixSource != SharedFromReplies || st.SharedPrefix != 250 {
+	if st := r.Status().Admission; st.SharedPrefixSource != loadcontrol.SharedFromReplies || st.SharedPrefix != 250 {
 		t.Fatalf("shared prefix %d from %v once 4 replies told 250, want 250 from the replies", st.SharedPrefix, st.SharedPrefixSource)
 	}
 }
@@ -255,7 +250,7 @@ func TestWantsPrefix(t *testing.T) {
 	if !r.WantsPrefix(HashKey("a")) {
 		t.Fatal("a new conversation's prefix not wanted")
 	}
-	endTurn(t, r, "a", Reply{})
+	endTurn(t, r, "a", loadcontrol.Reply{})
 	if r.WantsPrefix(HashKey("a")) {
 		t.Error("a resident conversation's prefix wanted")
 	}
@@ -268,9 +263,9 @@ func TestSharedPrefixFromRequestsOneSamplePerConversation(t *testing.T) {
 	r := sharedRouter(100000)
 	turn := func(key string, prefix promptprefix.Prefix) {
 		t.Helper()
-		tk := r.admitKey(HashKey(key), Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
-		mustState(t, tk, Admitted)
-		tk.End(t0, Reply{TaskEnded: true}) // not resident: its next turn is read again
+		tk := r.admitKey(HashKey(key), loadcontrol.Body{Bytes: 1000 * BytesPerToken, Prefix: prefix}, nil, t0, nil)
+		mustState(t, tk, loadcontrol.Admitted)
+		tk.End(t0, loadcontrol.Reply{TaskEnded: true}) // not resident: its next turn is read again
 	}
 	main, other := prefixOf(400, "main"), prefixOf(4000, "other")
 	for i := range 6 {
@@ -290,7 +285,7 @@ func TestSharedPrefixFromRequestsOneSamplePerConversation(t *testing.T) {
 func TestWantsPrefixNotOnceRepliesTell(t *testing.T) {
 	r := sharedRouter(10000)
 	for i := range 5 {
-		endTurn(t, r, fmt.Sprintf("c%d", i), Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
+		endTurn(t, r, fmt.Sprintf("c%d", i), loadcontrol.Reply{PromptTokens: 60, CachedTokens: 50, CacheReported: true})
 	}
 	if r.WantsPrefix(HashKey("new")) {
 		t.Error("prefix wanted although the replies told it")

@@ -3,22 +3,24 @@ package selection
 import (
 	"testing"
 	"time"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // sideCallRouter is one replica whose cache holds 100 tokens, and turn, which
 // asks it to admit a turn of key sized tokens.
-func sideCallRouter() (testRouter, func(key string, tokens int) *Ticket) {
+func sideCallRouter() (testRouter, func(key string, tokens int) *loadcontrol.Ticket) {
 	return sideCallRouterTaking(1)
 }
 
 // sideCallRouterTaking is sideCallRouter taking minResidents conversations
 // however large.
-func sideCallRouterTaking(minResidents int) (testRouter, func(key string, tokens int) *Ticket) {
-	r := newTestRouter(1, Config{Admission: AdmissionConfig{
+func sideCallRouterTaking(minResidents int) (testRouter, func(key string, tokens int) *loadcontrol.Ticket) {
+	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: minResidents, Linger: time.Minute, Quantum: -1,
 	}})
-	return r, func(key string, tokens int) *Ticket {
-		return r.admitKey(HashKey(key), Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
+	return r, func(key string, tokens int) *loadcontrol.Ticket {
+		return r.admitKey(HashKey(key), loadcontrol.Body{Bytes: int64(tokens * BytesPerToken)}, nil, t0, nil)
 	}
 }
 
@@ -28,19 +30,19 @@ func sideCallRouterTaking(minResidents int) (testRouter, func(key string, tokens
 func TestAdmissionSideCallNeitherSizesNorEndsTheResidency(t *testing.T) {
 	r, turn := sideCallRouter()
 	a := turn("a", 80)
-	a.End(t0, Reply{PromptTokens: 80})
+	a.End(t0, loadcontrol.Reply{PromptTokens: 80})
 	title := turn("a", 10)
-	mustState(t, title, Admitted)
-	title.End(t0, Reply{PromptTokens: 10, TaskEnded: true})
+	mustState(t, title, loadcontrol.Admitted)
+	title.End(t0, loadcontrol.Reply{PromptTokens: 10, TaskEnded: true})
 	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 80 {
 		t.Fatalf("after a side call: %d residents holding %d tokens, want a holding 80", got.Residents, got.ResidentTokens)
 	}
 	b := turn("b", 30)
-	mustState(t, b, Waiting) // 80 + 30 do not fit
+	mustState(t, b, loadcontrol.Waiting) // 80 + 30 do not fit
 	a2 := turn("a", 90)
-	mustState(t, a2, Admitted)
-	a2.End(t0, Reply{PromptTokens: 90, TaskEnded: true})
-	mustState(t, b, Admitted)
+	mustState(t, a2, loadcontrol.Admitted)
+	a2.End(t0, loadcontrol.Reply{PromptTokens: 90, TaskEnded: true})
+	mustState(t, b, loadcontrol.Admitted)
 	st := r.Status().Admission
 	if st.SideCalls != 1 || st.TaskEnded != 1 {
 		t.Fatalf("%d side calls and %d task ends counted, want 1 and 1", st.SideCalls, st.TaskEnded)
@@ -53,10 +55,10 @@ func TestAdmissionSideCallNeitherSizesNorEndsTheResidency(t *testing.T) {
 // A body whose size is unknown, or only a lower bound, is no side call: a
 // small count says nothing of its prompt.
 func TestAdmissionUnsizedTurnIsNoSideCall(t *testing.T) {
-	for _, body := range []Body{{}, {Bytes: 8, Partial: true}} {
+	for _, body := range []loadcontrol.Body{{}, {Bytes: 8, Partial: true}} {
 		r, turn := sideCallRouter()
-		turn("a", 80).End(t0, Reply{PromptTokens: 80})
-		r.admitKey(HashKey("a"), body, nil, t0, nil).End(t0, Reply{PromptTokens: 85, TaskEnded: true})
+		turn("a", 80).End(t0, loadcontrol.Reply{PromptTokens: 80})
+		r.admitKey(HashKey("a"), body, nil, t0, nil).End(t0, loadcontrol.Reply{PromptTokens: 85, TaskEnded: true})
 		if got := r.Status().Replicas[0]; got.Residents != 0 {
 			t.Errorf("body %+v: its task end left a resident, want the conversation gone", body)
 		}
@@ -69,13 +71,13 @@ func TestAdmissionSideCallFirstOpensNoBackDoor(t *testing.T) {
 	r, turn := sideCallRouter()
 	a := turn("a", 80)
 	title := turn("b", 5)
-	mustState(t, title, Admitted) // 85 fit
+	mustState(t, title, loadcontrol.Admitted) // 85 fit
 	b := turn("b", 60)
-	mustState(t, b, Waiting)
-	title.End(t0, Reply{TaskEnded: true})
-	mustState(t, b, Waiting)
-	a.End(t0, Reply{TaskEnded: true})
-	mustState(t, b, Admitted)
+	mustState(t, b, loadcontrol.Waiting)
+	title.End(t0, loadcontrol.Reply{TaskEnded: true})
+	mustState(t, b, loadcontrol.Waiting)
+	a.End(t0, loadcontrol.Reply{TaskEnded: true})
+	mustState(t, b, loadcontrol.Admitted)
 	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 60 {
 		t.Fatalf("%d residents holding %d tokens, want b alone holding 60", got.Residents, got.ResidentTokens)
 	}
@@ -85,7 +87,7 @@ func TestAdmissionSideCallFirstOpensNoBackDoor(t *testing.T) {
 // residency it joined stays.
 func TestAdmissionCancelledSideCallKeepsTheResidency(t *testing.T) {
 	r, turn := sideCallRouter()
-	turn("a", 80).End(t0, Reply{PromptTokens: 80})
+	turn("a", 80).End(t0, loadcontrol.Reply{PromptTokens: 80})
 	turn("a", 10).Cancel(t0)
 	if got := r.Status().Replicas[0]; got.Residents != 1 {
 		t.Fatalf("%d residents after a cancelled side call, want a still resident", got.Residents)
@@ -99,14 +101,14 @@ func TestAdmissionQueuedOrForcedSideCallKeepsTheSize(t *testing.T) {
 		r, turn := sideCallRouter()
 		a := turn("a", 90)
 		x, title := turn("x", 80), turn("x", 5)
-		mustState(t, title, Waiting)
-		a.End(t0, Reply{TaskEnded: true})
-		mustState(t, x, Admitted)
-		mustState(t, title, Admitted)
+		mustState(t, title, loadcontrol.Waiting)
+		a.End(t0, loadcontrol.Reply{TaskEnded: true})
+		mustState(t, x, loadcontrol.Admitted)
+		mustState(t, title, loadcontrol.Admitted)
 		if got := r.Status().Replicas[0].ResidentTokens; got != 80 {
 			t.Fatalf("x holds %d tokens while its 80-token turn runs, want 80", got)
 		}
-		mustState(t, turn("b", 60), Waiting)
+		mustState(t, turn("b", 60), loadcontrol.Waiting)
 	})
 	t.Run("forced", func(t *testing.T) {
 		r, turn := sideCallRouter()
@@ -126,9 +128,9 @@ func TestAdmissionOpeningTitleEndingLastIsASideCall(t *testing.T) {
 	r, turn := sideCallRouter()
 	title := turn("x", 5)
 	x := turn("x", 60)
-	mustState(t, x, Admitted)
-	x.End(t0, Reply{PromptTokens: 60}) // a tool call: the agent comes back
-	title.End(t0, Reply{PromptTokens: 5, TaskEnded: true})
+	mustState(t, x, loadcontrol.Admitted)
+	x.End(t0, loadcontrol.Reply{PromptTokens: 60}) // a tool call: the agent comes back
+	title.End(t0, loadcontrol.Reply{PromptTokens: 5, TaskEnded: true})
 	if got := r.Status().Replicas[0]; got.Residents != 1 || got.ResidentTokens != 60 {
 		t.Fatalf("%d residents holding %d tokens, want x holding 60", got.Residents, got.ResidentTokens)
 	}
@@ -141,10 +143,10 @@ func TestAdmissionSideCallEndingLastKeepsTheTaskEnd(t *testing.T) {
 	x := turn("x", 80)
 	title := turn("x", 10)
 	b := turn("b", 30)
-	mustState(t, b, Waiting)
-	x.End(t0, Reply{PromptTokens: 80, TaskEnded: true})
-	title.End(t0, Reply{PromptTokens: 10, TaskEnded: true})
-	mustState(t, b, Admitted)
+	mustState(t, b, loadcontrol.Waiting)
+	x.End(t0, loadcontrol.Reply{PromptTokens: 80, TaskEnded: true})
+	title.End(t0, loadcontrol.Reply{PromptTokens: 10, TaskEnded: true})
+	mustState(t, b, loadcontrol.Admitted)
 	if got := r.Status().Replicas[0].Residents; got != 1 {
 		t.Fatalf("%d residents, want b alone", got)
 	}
@@ -158,10 +160,10 @@ func TestAdmissionOutgrowingTurnKeepsItsPlaceInTheQueue(t *testing.T) {
 	turn("x", 5)
 	d := turn("d", 10)
 	c, x := turn("c", 50), turn("x", 30)
-	mustState(t, c, Waiting)
-	d.End(t0, Reply{TaskEnded: true}) // 55 held: c still does not fit
-	mustState(t, c, Waiting)
-	mustState(t, x, Waiting)
+	mustState(t, c, loadcontrol.Waiting)
+	d.End(t0, loadcontrol.Reply{TaskEnded: true}) // 55 held: c still does not fit
+	mustState(t, c, loadcontrol.Waiting)
+	mustState(t, x, loadcontrol.Waiting)
 }
 
 // A turn that outgrows its residency is sized on its replica in place of
@@ -171,18 +173,18 @@ func TestAdmissionOutgrowingTurnReplacesItsResidency(t *testing.T) {
 		_, turn := sideCallRouterTaking(2)
 		turn("a", 90)
 		turn("x", 5)
-		mustState(t, turn("x", 200), Admitted) // two conversations, however large
+		mustState(t, turn("x", 200), loadcontrol.Admitted) // two conversations, however large
 	})
 	t.Run("tokens", func(t *testing.T) {
 		_, turn := sideCallRouter()
 		turn("a", 38)
 		turn("x", 5)
-		mustState(t, turn("x", 60), Admitted) // 98 of 100
+		mustState(t, turn("x", 60), loadcontrol.Admitted) // 98 of 100
 	})
 	t.Run("alone", func(t *testing.T) {
 		_, turn := sideCallRouter()
-		turn("x", 20).End(t0, Reply{PromptTokens: 20})
-		mustState(t, turn("x", 85), Admitted) // grown past four times, alone on its replica
+		turn("x", 20).End(t0, loadcontrol.Reply{PromptTokens: 20})
+		mustState(t, turn("x", 85), loadcontrol.Admitted) // grown past four times, alone on its replica
 	})
 }
 
@@ -194,14 +196,14 @@ func TestAdmissionOutgrowingTurnReplacesItsResidency(t *testing.T) {
 func TestAdmissionDenseBytesAreNoOutgrowth(t *testing.T) {
 	r, turn := sideCallRouter()
 	for range 3 { // b's replies teach 4 bytes per token
-		turn("b", 85).End(t0, Reply{PromptTokens: 85})
+		turn("b", 85).End(t0, loadcontrol.Reply{PromptTokens: 85})
 	}
 	a := turn("a", 14)
-	mustState(t, a, Admitted)
-	a.End(t0, Reply{PromptTokens: 2}) // 28 bytes per token: a holds 2 tokens
-	mustState(t, turn("c", 10), Admitted)
+	mustState(t, a, loadcontrol.Admitted)
+	a.End(t0, loadcontrol.Reply{PromptTokens: 2}) // 28 bytes per token: a holds 2 tokens
+	mustState(t, turn("c", 10), loadcontrol.Admitted)
 	if got := r.Status().Replicas[0].ResidentTokens; got != 97 {
 		t.Fatalf("%d tokens held, want b's 85, a's 2 and c's 10", got)
 	}
-	mustState(t, turn("a", 15), Admitted) // its next turn
+	mustState(t, turn("a", 15), loadcontrol.Admitted) // its next turn
 }

@@ -1,6 +1,10 @@
 package selection
 
-import "time"
+import (
+	"time"
+
+	"github.com/lmwarden/caddy-warden/loadcontrol"
+)
 
 // Status is a point-in-time view of a model's routing under one view's
 // settings, for the admin API, the panel and the Prometheus collectors.
@@ -34,8 +38,8 @@ type Status struct {
 	CompactionsIgnored uint64
 	// Admission is load control's state (zero when it is off), and Flows
 	// its flows' shares.
-	Admission AdmissionStatus
-	Flows     FlowsStatus
+	Admission loadcontrol.Status
+	Flows     loadcontrol.FlowsStatus
 	Replicas  []ReplicaStatus
 }
 
@@ -69,7 +73,7 @@ type ReplicaStatus struct {
 	// filling so.
 	NextNewcomer time.Time
 	// Fill is the share of its KV capacity its residents may take now
-	// (AdmissionConfig.Fill, or fill control's, fillcontrol.go).
+	// (loadcontrol.Config.Fill, or fill control's, fillcontrol.go).
 	Fill    float64
 	Load    Load
 	Healthy bool
@@ -96,7 +100,7 @@ func (v *View) Status() Status {
 		Expired:            r.expired.Load(),
 		CompactionsIgnored: r.compactionsIgnored.Load(),
 	}
-	residents := v.admissionStatus(&st.Admission, &st.Flows)
+	residents := v.lc.Status(&st.Admission, &st.Flows)
 	var sticky, spilled uint64
 	for _, s := range v.replicas {
 		rs := ReplicaStatus{
@@ -118,10 +122,10 @@ func (v *View) Status() Status {
 			ChainsMissed:   s.chainsMissed.Load(),
 			Load:           *s.load.Load(),
 			Healthy:        s.healthy.Load(),
-			Residents:      residents[s].count,
-			ResidentTokens: residents[s].tokens,
-			NextNewcomer:   residents[s].nextNewcomer,
-			Fill:           residents[s].fill,
+			Residents:      residents[s].Residents,
+			ResidentTokens: residents[s].ResidentTokens,
+			NextNewcomer:   residents[s].NextNewcomer,
+			Fill:           residents[s].Fill,
 		}
 		st.InFlight += rs.InFlight
 		st.Sessions += rs.Sessions

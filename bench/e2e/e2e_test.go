@@ -12,8 +12,8 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/agentload"
 	"github.com/lmwarden/caddy-warden/bench/lab"
 	"github.com/lmwarden/caddy-warden/internal/redisproc"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/panel"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // A short run through the whole real path: vllmsim processes, Caddy from
@@ -70,9 +70,9 @@ func TestShortRun(t *testing.T) {
 	// The product's farm preset, stagger scaled, as the lab runs it.
 	farm := admin(lab.PolicyAdmissionFarm).LoadControl
 	if !farm.Enabled || farm.Quantum != -1 || farm.StaggerSeconds != lab.FarmStagger.Seconds()/10 || farm.FillMin != lab.FarmFillMin ||
-		farm.FillMax != lab.FarmFillMax || !farm.Touch || farm.Fill != selection.DefaultAdmissionFill {
+		farm.FillMax != lab.FarmFillMax || !farm.Touch || farm.Fill != loadcontrol.DefaultFill {
 		t.Errorf("load_control farm: %+v; want the lab's farm preset (quantum -1, stagger %v/10, fill %g in %g-%g, touch)",
-			farm, lab.FarmStagger, selection.DefaultAdmissionFill, lab.FarmFillMin, lab.FarmFillMax)
+			farm, lab.FarmStagger, loadcontrol.DefaultFill, lab.FarmFillMin, lab.FarmFillMax)
 	}
 	// warden-events follows each replica's KV cache events, and finds the
 	// chains of the turns in them.

@@ -25,8 +25,8 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/lab"
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/internal/caddyproc"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // Topologies.
@@ -121,8 +121,8 @@ type variant struct {
 // loadControlTimes are load control's times, scaled.
 func loadControlTimes(scaled func(time.Duration) string) map[string]any {
 	return map[string]any{
-		"load_control.linger":   scaled(selection.DefaultAdmissionLinger),
-		"load_control.max_wait": scaled(selection.DefaultAdmissionWait),
+		"load_control.linger":   scaled(loadcontrol.DefaultLinger),
+		"load_control.max_wait": scaled(loadcontrol.DefaultWait),
 	}
 }
 

@@ -3,10 +3,11 @@ package lab
 import (
 	"time"
 
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
-// Warden with load control (selection.AdmissionConfig): turns of
+// Warden with load control (loadcontrol.Config): turns of
 // conversations that do not fit in the replicas' caches wait at the proxy.
 const (
 	// PolicyAdmission has load control's defaults: the throughput mode.
@@ -29,18 +30,18 @@ const (
 // FarmStagger is PolicyAdmissionFarm's Stagger.
 const FarmStagger = 15 * time.Second
 
-// Farm preset's fill control (selection.AdmissionConfig.FillMin, FillMax).
+// Farm preset's fill control (loadcontrol.Config.FillMin, FillMax).
 const (
 	FarmFillMin = 0.92
 	FarmFillMax = 0.98
 )
 
 // farmAdmission is PolicyAdmissionFarm's setting.
-var farmAdmission = selection.AdmissionConfig{Quantum: -1, Stagger: FarmStagger,
+var farmAdmission = loadcontrol.Config{Quantum: -1, Stagger: FarmStagger,
 	FillMin: FarmFillMin, FillMax: FarmFillMax, Touch: true}
 
 // gentleAdmission is PolicyAdmissionGentle's setting.
-var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}
+var gentleAdmission = loadcontrol.Config{Fill: 2, Quantum: -1}
 
 // admissionPolicy is the warden policy with load control, as Caddy runs it:
 // a turn asks for admission, waits (in virtual time) while its conversation
@@ -48,7 +49,7 @@ var gentleAdmission = selection.AdmissionConfig{Fill: 2, Quantum: -1}
 type admissionPolicy struct {
 	*wardenPolicy
 	env     *Env
-	waiting map[*selection.Ticket]waiter
+	waiting map[*loadcontrol.Ticket]waiter
 	// seen, when not nil, records what load control believed of each turn,
 	// to be checked against the engines' ground truth.
 	seen []belief
@@ -68,22 +69,22 @@ type waiter struct {
 	send  func()
 }
 
-func newAdmissionPolicy(admission selection.AdmissionConfig) PolicyFactory {
+func newAdmissionPolicy(admission loadcontrol.Config) PolicyFactory {
 	admission.Enabled = true
 	return func(env *Env) (Policy, error) {
 		w, err := newWarden(env, func(c *selection.Config) { c.Admission = admission })
 		if err != nil {
 			return nil, err
 		}
-		p := &admissionPolicy{wardenPolicy: w, env: env, waiting: map[*selection.Ticket]waiter{}}
+		p := &admissionPolicy{wardenPolicy: w, env: env, waiting: map[*loadcontrol.Ticket]waiter{}}
 		env.Every(time.Second, p.forceOverdue)
 		return p, nil
 	}
 }
 
 // Hold asks for admission and sends the turn once admitted.
-func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) func() bool {
-	var t *selection.Ticket
+func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func(loadcontrol.Reply))) func() bool {
+	var t *loadcontrol.Ticket
 	send := func() {
 		d := p.view.Pick(selection.Request{Key: a.Key, PromptTokens: p.view.EstimateTokens(a.PromptBytes), Now: virtualTime(p.env.Now())})
 		rep, ok := d.Replica()
@@ -92,15 +93,15 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 			dispatch(-1, nil)
 			return
 		}
-		dispatch(p.index[rep.ID], func(reply selection.Reply) {
+		dispatch(p.index[rep.ID], func(reply loadcontrol.Reply) {
 			now := virtualTime(p.env.Now())
-			d.End(now, selection.Reply{})
+			d.End(now, loadcontrol.Reply{})
 			t.End(now, reply)
 		})
 	}
 	tokens := p.view.EstimateTokens(a.PromptBytes)
 	req := selection.Request{Key: a.Key, Flow: flowID(a.Flow), FlowWeight: a.FlowWeight, Now: virtualTime(a.Now)}
-	t = p.view.Admit(req, selection.Body{Bytes: a.PromptBytes, Prefix: a.Prefix}, func() {
+	t = p.view.Admit(req, loadcontrol.Body{Bytes: a.PromptBytes, Prefix: a.Prefix}, func() {
 		delete(p.waiting, t)
 		send()
 	})
@@ -108,10 +109,10 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		p.seen = append(p.seen, belief{key: a.Key, at: a.Now, tokens: tokens, resident: t.Resident()})
 	}
 	switch t.State() {
-	case selection.Admitted:
+	case loadcontrol.Admitted:
 		send()
 		return nil
-	case selection.Refused:
+	case loadcontrol.Refused:
 		dispatch(-1, nil)
 		return nil
 	}

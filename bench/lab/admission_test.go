@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 )
 
 // TestLoadControlHoldsTurnsDeepInOverload runs the throughput mode where the
@@ -41,7 +41,7 @@ func TestLoadControlLearnsTheSharedPrefix(t *testing.T) {
 		cfg.Duration, cfg.Warmup, cfg.HideCachedTokens = 30*time.Second, 0, hide
 		policy, _ := runFresh(t, cfg, PolicyAdmission, 16, 1)
 		st := policy.(*admissionPolicy).view.Status().Admission
-		want := map[bool]selection.SharedPrefixSource{false: selection.SharedFromReplies, true: selection.SharedFromRequests}[hide]
+		want := map[bool]loadcontrol.SharedPrefixSource{false: loadcontrol.SharedFromReplies, true: loadcontrol.SharedFromRequests}[hide]
 		system := cfg.Workload.SystemPromptTokens
 		if st.SharedPrefixSource != want || st.SharedPrefix < system*99/100 || st.SharedPrefix > system*101/100 {
 			t.Errorf("cached part hidden %v: shared prefix %d tokens from %v, want about %d from %v",

@@ -3,6 +3,7 @@ package lab
 import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/kvevents"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -50,12 +51,12 @@ func applyKVEvents(c *kvevents.Chains, events []engine.KVEvent) {
 
 // Hold sends the turn at once, as Pick does, and ends its decision with
 // the reply's usage, as warden_stop_reason gives it in Caddy.
-func (p *eventsPolicy) Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) func() bool {
+func (p *eventsPolicy) Hold(a Arrival, dispatch func(engine int, release func(loadcontrol.Reply))) func() bool {
 	eng, d := p.decide(a)
 	if eng < 0 {
 		dispatch(eng, nil)
 	} else {
-		dispatch(eng, func(reply selection.Reply) { d.End(virtualTime(p.env.Now()), reply) })
+		dispatch(eng, func(reply loadcontrol.Reply) { d.End(virtualTime(p.env.Now()), reply) })
 	}
 	return func() bool { return false }
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/agentload"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/kvevents"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/selection"
 )
 
@@ -83,7 +84,7 @@ func newTruthPolicy(env *Env) (*truthPolicy, error) {
 }
 
 // Hold sends the turn at once, as Pick does, to read its reply's usage.
-func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) func() bool {
+func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(loadcontrol.Reply))) func() bool {
 	eng, release := p.Pick(a)
 	if eng < 0 {
 		dispatch(eng, nil)
@@ -96,7 +97,7 @@ func (p *truthPolicy) Hold(a Arrival, dispatch func(engine int, release func(sel
 	}
 	prev := byEngine[eng]
 	mark := p.chains[eng].Mark()
-	dispatch(eng, func(reply selection.Reply) {
+	dispatch(eng, func(reply loadcontrol.Reply) {
 		release()
 		if reply.PromptTokens == 0 {
 			return

@@ -8,6 +8,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/dplb"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/fleet"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/selection"
 )
@@ -22,7 +23,7 @@ var policyFactories = map[string]PolicyFactory{
 	PolicyHeader:          newHeaderPolicy,
 	PolicyLeastConn:       newLeastConnPolicy,
 	PolicyRoundRobin:      newRoundRobinPolicy,
-	PolicyAdmission:       newAdmissionPolicy(selection.AdmissionConfig{}),
+	PolicyAdmission:       newAdmissionPolicy(loadcontrol.Config{}),
 	PolicyAdmissionGentle: newAdmissionPolicy(gentleAdmission),
 	PolicyAdmissionFarm:   newAdmissionPolicy(farmAdmission),
 	PolicyWardenEvents:    newEventsPolicy,
@@ -84,7 +85,7 @@ func (p *wardenPolicy) Pick(a Arrival) (int, func()) {
 	if eng < 0 {
 		return -1, nil
 	}
-	return eng, func() { d.End(virtualTime(p.env.Now()), selection.Reply{}) }
+	return eng, func() { d.End(virtualTime(p.env.Now()), loadcontrol.Reply{}) }
 }
 
 // decide is Pick's choice with the router's decision, whose outcome tests

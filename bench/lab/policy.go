@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/promptprefix"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // Arrival is what a proxy knows of a request when it picks its upstream.
@@ -48,7 +48,7 @@ type Policy interface {
 // Reply. cancel, called when the run ends first, drops the request and
 // reports whether it was still held.
 type Holder interface {
-	Hold(a Arrival, dispatch func(engine int, release func(selection.Reply))) (cancel func() bool)
+	Hold(a Arrival, dispatch func(engine int, release func(loadcontrol.Reply))) (cancel func() bool)
 }
 
 // PolicyFactory builds a policy over env's engines. It may register periodic

@@ -15,8 +15,8 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/report"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
+	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/promptprefix"
-	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // epoch is the wall-clock instant of virtual time 0, for the Results and the router.
@@ -127,7 +127,7 @@ type slot struct {
 type request struct {
 	slot     int
 	engine   int
-	release  func(selection.Reply)
+	release  func(loadcontrol.Reply)
 	final    bool // its reply ends the agent's task
 	session  *agentload.Session
 	req      *engine.Request
@@ -366,7 +366,7 @@ func (s *sim) send(slotIndex int) {
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
-		unhold := h.Hold(a, func(eng int, release func(selection.Reply)) {
+		unhold := h.Hold(a, func(eng int, release func(loadcontrol.Reply)) {
 			dispatched, sl.unhold = true, nil
 			s.dispatch(r, eng, release)
 		})
@@ -376,11 +376,11 @@ func (s *sim) send(slotIndex int) {
 		return
 	}
 	eng, release := s.policy.Pick(a)
-	s.dispatch(r, eng, func(selection.Reply) { release() })
+	s.dispatch(r, eng, func(loadcontrol.Reply) { release() })
 }
 
 // dispatch sends a routed turn to its engine.
-func (s *sim) dispatch(r *request, eng int, release func(selection.Reply)) {
+func (s *sim) dispatch(r *request, eng int, release func(loadcontrol.Reply)) {
 	sl := &s.slots[r.slot]
 	sl.current = nil
 	if eng < 0 {
@@ -389,7 +389,7 @@ func (s *sim) dispatch(r *request, eng int, release func(selection.Reply)) {
 	}
 	r.engine, r.release = eng, release
 	if err := s.fleet.engines[eng].Add(r.req, s.now); err != nil {
-		release(selection.Reply{})
+		release(loadcontrol.Reply{})
 		s.fail(r, 400, err)
 		return
 	}
@@ -445,7 +445,7 @@ func (s *sim) endStep(eng int) {
 
 // finish records a completed request and sends the session's next turn at once.
 func (s *sim) finish(r *request) {
-	reply := selection.Reply{
+	reply := loadcontrol.Reply{
 		TaskEnded:    r.final,
 		PromptTokens: len(r.req.Prompt), CachedTokens: r.req.CachedTokens, CacheReported: true,
 		OutputTokens: r.received,
@@ -491,7 +491,7 @@ func (s *sim) cutInFlight() {
 			continue
 		}
 		s.fleet.engines[r.engine].Abort(r.req)
-		r.release(selection.Reply{})
+		r.release(loadcontrol.Reply{})
 		s.results = append(s.results, s.cutResult(r))
 		s.slots[i].current = nil
 	}

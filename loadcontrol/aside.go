@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 import (
 	"container/list"
@@ -42,7 +42,7 @@ const (
 
 // noteReturn records that an idle resident's conversation came back in
 // time (late false) or after its residency expired (g.mu held).
-func (g *gate) noteReturn(late bool) {
+func (g *Gate) noteReturn(late bool) {
 	x := 0.0
 	if late {
 		x = 1
@@ -66,7 +66,7 @@ const expirySeenWithin = 2 * time.Second
 // says nothing of when its conversation came back (g.mu held). Expiries
 // are kept in the order they were seen: those past lateReturnWithin are
 // forgotten, and the oldest once expiriesKept are kept.
-func (g *gate) noteExpiry(res *resident, now, linger int64) {
+func (g *Gate) noteExpiry(res *resident, now, linger int64) {
 	if now-res.idleSince >= linger+int64(expirySeenWithin) {
 		return
 	}
@@ -88,7 +88,7 @@ type expiry struct {
 	at  int64
 }
 
-func (g *gate) forgetExpiry(e *list.Element) {
+func (g *Gate) forgetExpiry(e *list.Element) {
 	delete(g.expired, e.Value.(expiry).key)
 	g.expiries.Remove(e)
 }
@@ -105,7 +105,7 @@ const (
 
 // noteLateReturn counts the return of key, not resident, as late if its
 // residency expired recently (g.mu held).
-func (g *gate) noteLateReturn(key uint64, now int64) {
+func (g *Gate) noteLateReturn(key uint64, now int64) {
 	e := g.expired[key]
 	if e == nil {
 		return
@@ -116,21 +116,21 @@ func (g *gate) noteLateReturn(key uint64, now int64) {
 	}
 }
 
-// follow moves key's residency, if any, to its pin, where the routing
+// Follow moves key's residency, if any, to its pin, where the routing
 // pinned the conversation anew at now (rehomed while load control steps
 // aside, its pin down, its prompt compacted, adopted from a shared pin
 // table): what it holds is counted where its turns now go, and it is a
 // newcomer there. The pin is read again under the gate's lock, so that of
 // two moves of one conversation ending out of order, the last pin wins.
-func (v *View) follow(key uint64, now int64) {
-	g := v.router.gate
+func (v *View) Follow(key uint64, now int64) {
+	g := v.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	res := g.residents[key]
 	if res == nil {
 		return
 	}
-	pin := v.router.pinOf(key, now, int64(v.cfg.SessionTTL))
+	pin := v.routing.Pin(key, now)
 	if pin == nil || pin == res.rep {
 		return
 	}
@@ -141,7 +141,8 @@ func (v *View) follow(key uint64, now int64) {
 	g.tookNewcomer(pin, now)
 }
 
-// holdsTurns reports whether load control is on and not stepped aside.
-func (v *View) holdsTurns() bool {
-	return v.cfg.Admission.Enabled && !v.router.gate.aside.Load()
+// HoldsTurns reports whether load control is on and not stepped aside:
+// routing then leaves its residents on their replicas.
+func (v *View) HoldsTurns() bool {
+	return v.cfg.Enabled && !v.gate.aside.Load()
 }

@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 import (
 	"container/list"
@@ -30,30 +30,30 @@ import (
 // ticket in the request's own goroutine (Caddy), or the lab resumes the
 // request in virtual time, through the same code.
 
-// Defaults of AdmissionConfig.
+// Defaults of Config.
 const (
-	// DefaultAdmissionFill is a share of the cache, the shared prefix
+	// DefaultFill is a share of the cache, the shared prefix
 	// counted once (sharedprefix.go). Below 1, it leaves its residents room
 	// to grow: at 1, a replica handed several conversations at their first
 	// turn fills exactly, and they outgrow its cache for their whole task
 	// (docs/policy.md#the-shared-prefix).
-	DefaultAdmissionFill   = 0.95
-	DefaultAdmissionLinger = 6 * time.Second
-	DefaultAdmissionWait   = 5 * time.Minute
-	DefaultAdmissionQueue  = 1024
-	// DefaultAdmissionQuantum: half of the seed workload's conversation, the
+	DefaultFill   = 0.95
+	DefaultLinger = 6 * time.Second
+	DefaultWait   = 5 * time.Minute
+	DefaultQueue  = 1024
+	// DefaultQuantum: half of the seed workload's conversation, the
 	// lab's best tail for the throughput (docs/policy.md#load-control).
-	DefaultAdmissionQuantum = 3
-	// DefaultAdmissionMinResidents: a replica holding one conversation
+	DefaultQuantum = 3
+	// DefaultMinResidents: a replica holding one conversation
 	// idles through each of its tool pauses; two that overflow its cache
 	// run more than one that fits (lab, first messages of 20k tokens, 16
 	// sessions: 1.24× the best baseline's throughput with two, 1.08× with
 	// one).
-	DefaultAdmissionMinResidents = 2
+	DefaultMinResidents = 2
 )
 
-// AdmissionConfig is load control's settings; the zero value is off.
-type AdmissionConfig struct {
+// Config is load control's settings; the zero value is off.
+type Config struct {
 	// Enabled turns load control on (it needs affinity).
 	Enabled bool
 	// CapacityTokens is each replica's KV cache in tokens; 0 reads it from
@@ -72,7 +72,7 @@ type AdmissionConfig struct {
 	// others wait: after that many, it yields at the end of its turn instead
 	// of lingering, and its next turn queues behind them, so that waits are
 	// spread over conversations' turns rather than all on their first; 0 is
-	// DefaultAdmissionQuantum, negative never yields.
+	// DefaultQuantum, negative never yields.
 	Quantum int
 	// Stagger is how long a replica filling from empty waits between two
 	// newcomers, until one of its residents leaves, so that conversations
@@ -80,7 +80,7 @@ type AdmissionConfig struct {
 	// 0 is off.
 	Stagger time.Duration
 	// MinResidents is how many conversations a replica takes however large
-	// they are; 0 is DefaultAdmissionMinResidents.
+	// they are; 0 is DefaultMinResidents.
 	MinResidents int
 	// FillMin and FillMax, when set, let each replica's share of cache
 	// follow its resident turns' hits between them, from FillMax, once the
@@ -96,24 +96,25 @@ type AdmissionConfig struct {
 	Touch bool
 }
 
-func (c AdmissionConfig) withDefaults() AdmissionConfig {
+// WithDefaults fills in c's unset settings.
+func (c Config) WithDefaults() Config {
 	if c.Fill <= 0 {
-		c.Fill = DefaultAdmissionFill
+		c.Fill = DefaultFill
 	}
 	if c.Linger <= 0 {
-		c.Linger = DefaultAdmissionLinger
+		c.Linger = DefaultLinger
 	}
 	if c.MaxWait <= 0 {
-		c.MaxWait = DefaultAdmissionWait
+		c.MaxWait = DefaultWait
 	}
 	if c.MaxQueue <= 0 {
-		c.MaxQueue = DefaultAdmissionQueue
+		c.MaxQueue = DefaultQueue
 	}
 	if c.Quantum == 0 {
-		c.Quantum = DefaultAdmissionQuantum
+		c.Quantum = DefaultQuantum
 	}
 	if c.MinResidents <= 0 {
-		c.MinResidents = DefaultAdmissionMinResidents
+		c.MinResidents = DefaultMinResidents
 	}
 	return c
 }
@@ -161,7 +162,7 @@ type Ticket struct {
 // resident is a conversation holding its place in a replica's cache.
 type resident struct {
 	key       uint64
-	rep       *replicaState
+	rep       Replica
 	tokens    int
 	running   int           // turns admitted and not done
 	turns     int           // turns admitted since it became resident
@@ -177,19 +178,20 @@ type resident struct {
 	taskEnded bool
 }
 
-// gate is a router's load-control state; it outlives config loads.
-type gate struct {
+// Gate is one model's load-control state; it outlives config loads, as
+// routing's Router does, which holds it.
+type Gate struct {
 	mu        sync.Mutex
 	residents map[uint64]*resident
-	held      map[*replicaState]residency // what each replica holds resident
+	held      map[Replica]residency // what each replica holds resident
 	// staggering is each replica's state for staggered starts.
-	staggering map[*replicaState]staggering
+	staggering map[Replica]staggering
 	// idle lists the residents with no turn running, in the order their
 	// turns ended, so that expiry looks only at those due, however many
 	// conversations are resident.
 	idle list.List
 	// idleOn is the same per replica, a replica with none left out.
-	idleOn map[*replicaState]*list.List
+	idleOn map[Replica]*list.List
 	// queue is the waiting turns in the order they are served (flows.go).
 	queue []*Ticket
 	fair  fairQueue
@@ -213,18 +215,18 @@ type gate struct {
 	expired  map[uint64]*list.Element
 	// owed is, for each replica a resident left, the residents whose
 	// cache the engine would evict before the departed's (touch.go).
-	owed map[*replicaState]*departure
+	owed map[Replica]*departure
 	// fill is each replica's fill control (fillcontrol.go).
-	fill map[*replicaState]*fillState
+	fill map[Replica]*fillState
 }
 
 // TokenCounts adds up replies' prompts and their cached parts.
 type TokenCounts struct{ Prompt, Cached uint64 }
 
-func newGate() *gate {
-	return &gate{residents: map[uint64]*resident{}, held: map[*replicaState]residency{},
-		staggering: map[*replicaState]staggering{}, expired: map[uint64]*list.Element{},
-		owed: map[*replicaState]*departure{}, fill: map[*replicaState]*fillState{}, idleOn: map[*replicaState]*list.List{},
+func NewGate() *Gate {
+	return &Gate{residents: map[uint64]*resident{}, held: map[Replica]residency{},
+		staggering: map[Replica]staggering{}, expired: map[uint64]*list.Element{},
+		owed: map[Replica]*departure{}, fill: map[Replica]*fillState{}, idleOn: map[Replica]*list.List{},
 		fair: newFairQueue()}
 }
 
@@ -240,28 +242,27 @@ type Body struct {
 	Prefix promptprefix.Prefix
 }
 
-// Admit asks load control whether req's turn, of the conversation it
-// names, whose request body is body, may go to a replica now. The turn
-// waits in its flow's queue (Request.Flow) and, a sub-agent's or a side
-// call, behind its flow's main turns (flows.go). With load control off,
-// affinity off or no key, it returns nil: admitted, nothing tracked. A
-// Waiting ticket calls ready, once and outside every lock, when it is
-// admitted; the caller must then Pick, and end the ticket with Done, or
-// leave the queue with Cancel or Force.
-func (v *View) Admit(req Request, body Body, ready func()) *Ticket {
-	key, now := req.key(), req.Now
-	if !v.cfg.Admission.Enabled || !v.cfg.Affinity || key == 0 {
+// Admit asks load control whether turn, whose request body is body, may go
+// to a replica now. The turn waits in its flow's queue (Turn.Flow) and, a
+// sub-agent's or a side call, behind its flow's main turns (flows.go). With
+// load control off, affinity off or no key, it returns nil: admitted,
+// nothing tracked. A Waiting ticket calls ready, once and outside every
+// lock, when it is admitted; the caller must then route the turn, and end
+// the ticket with Done, or leave the queue with Cancel or Force.
+func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
+	key, now := turn.Key, turn.Now
+	if !v.on || key == 0 {
 		return nil
 	}
-	g := v.router.gate
-	t := &Ticket{view: v, key: key, body: body, usable: req.Usable, ready: ready}
+	g := v.gate
+	t := &Ticket{view: v, key: key, body: body, usable: turn.Usable, ready: ready}
 	t.estimate()
 	g.mu.Lock()
-	t.fair = v.fairTurnOf(req)
+	t.fair = v.fairTurnOf(turn)
 	notify := v.expire(now.UnixNano())
 	if g.residents[key] == nil {
 		g.noteLateReturn(key, now.UnixNano())
-		v.router.prefix.noteRequest(key, body.Prefix)
+		v.routing.NoteRequestPrefix(key, body.Prefix)
 	}
 	switch res := g.rides(t); {
 	case res != nil:
@@ -272,7 +273,7 @@ func (v *View) Admit(req Request, body Body, ready func()) *Ticket {
 		g.admit(t, res.rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
 	case v.headPaced() && v.admitOne(t, now.UnixNano(), false):
-	case len(g.queue) >= v.cfg.Admission.MaxQueue:
+	case len(g.queue) >= v.cfg.MaxQueue:
 		t.state = Refused
 		g.refused++
 		t.fair.counts.refused++
@@ -286,33 +287,14 @@ func (v *View) Admit(req Request, body Body, ready func()) *Ticket {
 	return t
 }
 
-// WantsPrefix reports whether a request's body is worth reading for its
-// system prompt and tool parts (Request.Prefix, Body.Prefix), from which the
-// router learns the prefix conversations share while the replies have not
-// told it: a conversation's new to the router, or, with load control, one
-// not resident. Other turns, most of them, teach nothing new, and their
-// bodies need not be read.
-func (v *View) WantsPrefix(key uint64) bool {
-	if !v.cfg.Affinity || key == 0 || v.router.prefix.repliesKnown() {
-		return false
-	}
-	if !v.cfg.Admission.Enabled {
-		return !v.router.knows(key)
-	}
-	g := v.router.gate
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.residents[key] == nil
-}
-
 // estimate sizes the turn's prompt at the bytes per token learned so far.
 // A queued turn is sized again when it is admitted: the replies that ended
 // while it waited may have taught the bytes per token, and a turn sized on
 // the assumed ones would fill its replica past its share of cache for as
 // long as its conversation stays.
 func (t *Ticket) estimate() {
-	perToken, learned := t.view.router.bytesPerTokenLearned()
-	t.tokens, t.assumed = max(tokensOf(t.body.Bytes, perToken), 1), !learned
+	tokens, learned := t.view.routing.EstimateTokens(t.body.Bytes)
+	t.tokens, t.assumed = max(tokens, 1), !learned
 }
 
 // State reports where the ticket stands.
@@ -320,7 +302,7 @@ func (t *Ticket) State() TicketState {
 	if t == nil {
 		return Admitted
 	}
-	g := t.view.router.gate
+	g := t.view.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return t.state
@@ -364,7 +346,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	if t == nil {
 		return
 	}
-	g := t.view.router.gate
+	g := t.view.gate
 	g.mu.Lock()
 	if t.state != Admitted {
 		g.mu.Unlock()
@@ -380,7 +362,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	underestimated := false
 	if reply.PromptTokens > 0 && !t.body.Partial {
-		t.view.router.learnTokenSize(t.body.Bytes, reply.PromptTokens)
+		t.view.routing.LearnTokenSize(t.body.Bytes, reply.PromptTokens)
 	}
 	if reply.PromptTokens > 0 && !side {
 		g.countReply(t.resident, reply)
@@ -390,7 +372,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 		// vLLM leaves the cached part out when it is 0: once it has
 		// reported one, a reply without it found nothing cached.
 		if t.placedBeside && (reply.CacheReported || g.cacheReplies > 0) {
-			t.view.router.prefix.noteReply(min(reply.CachedTokens, reply.PromptTokens))
+			t.view.routing.NoteReplyPrefix(min(reply.CachedTokens, reply.PromptTokens))
 		}
 		if t.res.running == 0 {
 			underestimated = t.assumed && float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
@@ -398,7 +380,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 		}
 	}
 	if t.res.running == 0 {
-		q := t.view.cfg.Admission.Quantum
+		q := t.view.cfg.Quantum
 		switch {
 		case t.res.taskEnded:
 			g.drop(t.res, now.UnixNano())
@@ -426,7 +408,7 @@ func (t *Ticket) Cancel(now time.Time) bool {
 	if t == nil {
 		return false
 	}
-	g := t.view.router.gate
+	g := t.view.gate
 	g.mu.Lock()
 	if t.state == Admitted && t.opened && t.res.running == 1 && t.res.turns == 1 {
 		// Admitted as its client left, it was never sent: the residency it
@@ -460,7 +442,7 @@ func (t *Ticket) Force(now time.Time) bool {
 	if t == nil {
 		return false
 	}
-	g := t.view.router.gate
+	g := t.view.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if t.state != Waiting {
@@ -470,10 +452,10 @@ func (t *Ticket) Force(now time.Time) bool {
 	g.forced++
 	t.fair.counts.waited += now.UnixNano() - t.fair.since
 	t.estimate()
-	pin := t.view.router.pinOf(t.key, now.UnixNano(), int64(t.view.cfg.SessionTTL))
+	pin := t.view.routing.Pin(t.key, now.UnixNano())
 	rep := pin
-	if rep == nil || !t.view.usable(rep, t.usable) {
-		rep = t.view.leastLoaded(t.usable, t.key, true)
+	if rep == nil || !t.view.routing.Usable(rep, t.usable) {
+		rep = t.view.routing.Lightest(t.usable, t.key, nil)
 	}
 	if rep == nil {
 		t.state = Gone // Pick will find no replica either
@@ -490,8 +472,7 @@ func (t *Ticket) Force(now time.Time) bool {
 // had never been held: load control no longer holds turns (a reload
 // turned it off, or its model left the config), and nothing would admit
 // them before max_wait.
-func (r *Router) ReleaseWaiting() {
-	g := r.gate
+func (g *Gate) ReleaseWaiting() {
 	g.mu.Lock()
 	var notify []func()
 	for _, t := range g.queue {
@@ -506,14 +487,8 @@ func (r *Router) ReleaseWaiting() {
 	runAll(notify)
 }
 
-// MaxWait is how long a turn may wait before the caller forces it.
-func (v *View) MaxWait() time.Duration { return v.cfg.Admission.MaxWait }
-
-// Admission is load control's settings in force, defaults filled in.
-func (v *View) Admission() AdmissionConfig { return v.cfg.Admission }
-
 // admit makes t's conversation resident on rep (g.mu held).
-func (g *gate) admit(t *Ticket, rep *replicaState) {
+func (g *Gate) admit(t *Ticket, rep Replica) {
 	res := g.residents[t.key]
 	t.side = res != nil && sideCall(t, res)
 	if res == nil {
@@ -547,7 +522,7 @@ func (g *gate) admit(t *Ticket, rep *replicaState) {
 }
 
 // hold adds (sign +1) or removes (-1) res to what its replica holds.
-func (g *gate) hold(res *resident, sign int) {
+func (g *Gate) hold(res *resident, sign int) {
 	h := g.held[res.rep]
 	h.count += sign
 	h.tokens += sign * res.tokens
@@ -564,17 +539,17 @@ func (g *gate) hold(res *resident, sign int) {
 const underestimateSlack = 1.05
 
 // fits reports whether what s holds resident fits in its share of cache.
-func (v *View) fits(s *replicaState) bool { return v.hasRoom(s, 0) }
+func (v *View) fits(s Replica) bool { return v.hasRoom(s, 0) }
 
 // resize sets what res holds to tokens.
-func (g *gate) resize(res *resident, tokens int) {
+func (g *Gate) resize(res *resident, tokens int) {
 	g.hold(res, -1)
 	res.tokens = tokens
 	g.hold(res, +1)
 }
 
 // countReply adds a reply's usage to the counts of its kind of turn.
-func (g *gate) countReply(resident bool, reply Reply) {
+func (g *Gate) countReply(resident bool, reply Reply) {
 	g.replies++
 	c := &g.nonResident
 	if resident {
@@ -589,7 +564,7 @@ func (g *gate) countReply(resident bool, reply Reply) {
 
 // drop ends res's residency at now (0: it was never sent, and cached
 // nothing).
-func (g *gate) drop(res *resident, now int64) {
+func (g *Gate) drop(res *resident, now int64) {
 	g.unlinkIdle(res)
 	g.hold(res, -1)
 	delete(g.residents, res.key)
@@ -598,7 +573,7 @@ func (g *gate) drop(res *resident, now int64) {
 }
 
 // pushIdle appends res, whose turn just ended, to the idle lists.
-func (g *gate) pushIdle(res *resident) {
+func (g *Gate) pushIdle(res *resident) {
 	res.idle = g.idle.PushBack(res)
 	on := g.idleOn[res.rep]
 	if on == nil {
@@ -610,7 +585,7 @@ func (g *gate) pushIdle(res *resident) {
 
 // moveTo files res under replica to, in its place in to's idle list if it
 // is idle.
-func (g *gate) moveTo(res *resident, to *replicaState) {
+func (g *Gate) moveTo(res *resident, to Replica) {
 	if res.idle == nil {
 		res.rep = to
 		return
@@ -637,7 +612,7 @@ func (g *gate) moveTo(res *resident, to *replicaState) {
 	}
 }
 
-func (g *gate) unlinkIdle(res *resident) {
+func (g *Gate) unlinkIdle(res *resident) {
 	if res.idle == nil {
 		return
 	}
@@ -655,8 +630,8 @@ func (g *gate) unlinkIdle(res *resident) {
 // callbacks to run once the lock is released. Only the residents due are
 // looked at: the idle list is in the order their turns ended.
 func (v *View) expire(now int64) []func() {
-	g := v.router.gate
-	linger := int64(v.cfg.Admission.Linger)
+	g := v.gate
+	linger := int64(v.cfg.Linger)
 	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; e = g.idle.Front() {
 		res := e.Value.(*resident)
 		g.drop(res, now)
@@ -670,7 +645,7 @@ func (v *View) expire(now int64) []func() {
 // turns that would take a replica anew: a turn going to its own replica,
 // with room, passes it.
 func (v *View) admitQueued(now int64) []func() {
-	g := v.router.gate
+	g := v.gate
 	var notify []func()
 	headBlocked := false
 	for i := 0; i < len(g.queue); {
@@ -698,7 +673,7 @@ func (v *View) admitQueued(now int64) []func() {
 
 // admitResident admits t (g.mu held) to the replica its conversation is
 // resident on, if it is: another of its turns was admitted meanwhile.
-func (g *gate) admitResident(t *Ticket) bool {
+func (g *Gate) admitResident(t *Ticket) bool {
 	res := g.rides(t)
 	if res == nil {
 		return false
@@ -712,29 +687,29 @@ func (g *gate) admitResident(t *Ticket) bool {
 // newcomer, to the least-loaded replica that has room and may take a
 // newcomer now, moving the pin there.
 func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
-	r := v.router
-	if r.gate.admitResident(t) {
+	g := v.gate
+	if g.admitResident(t) {
 		return true
 	}
-	pin := r.pinOf(t.key, now, int64(v.cfg.SessionTTL))
-	if pin != nil && v.usable(pin, t.usable) && v.roomFor(pin, t) {
-		r.gate.admit(t, pin)
+	pin := v.routing.Pin(t.key, now)
+	if pin != nil && v.routing.Usable(pin, t.usable) && v.roomFor(pin, t) {
+		g.admit(t, pin)
 		return true
 	}
 	if !newcomer {
 		return false
 	}
-	healthy := v.anyHealthy(t.usable)
-	s := v.lightest(t.usable, t.key, true, func(s *replicaState) bool {
+	healthy := v.routing.AnyHealthy(t.usable)
+	s := v.routing.Lightest(t.usable, t.key, func(s Replica) bool {
 		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy) && v.touchedAll(s, now, t.tokens)
 	})
 	if s == nil {
 		return false
 	}
-	t.placedBeside = r.gate.held[s].count > 0
-	r.gate.tookNewcomer(s, now)
-	r.gate.admit(t, s)
-	r.settle(t.key, s, now)
+	t.placedBeside = g.held[s].count > 0
+	g.tookNewcomer(s, now)
+	g.admit(t, s)
+	v.routing.Settle(t.key, s, now)
 	return true
 }
 
@@ -742,29 +717,8 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 // has room, and it is healthy unless no replica is (anyHealthy). Health
 // read from /metrics may be wrong everywhere, and without load control
 // those turns would be sent anyway.
-func (v *View) takes(s *replicaState, t *Ticket, anyHealthy bool) bool {
-	return (s.healthy.Load() || !anyHealthy) && v.roomFor(s, t)
-}
-
-// anyHealthy reports whether a usable replica is healthy.
-func (v *View) anyHealthy(usable func(string) bool) bool {
-	for _, s := range v.replicas {
-		if s.healthy.Load() && usableBy(usable, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// settle pins key to s, where load control admitted it: a new conversation
-// is placed there, a pinned one moved there.
-func (r *Router) settle(key uint64, s *replicaState, now int64) {
-	switch inserted, moved := r.pinTo(key, s, now); {
-	case inserted:
-		s.placed.Add(1)
-	case moved:
-		s.replaced.Add(1)
-	}
+func (v *View) takes(s Replica, t *Ticket, anyHealthy bool) bool {
+	return (v.routing.Healthy(s) || !anyHealthy) && v.roomFor(s, t)
 }
 
 // hasRoom reports whether a prompt of tokens more (0: none, whether what s
@@ -772,15 +726,15 @@ func (r *Router) settle(key uint64, s *replicaState, now int64) {
 // a replica that would hold at most MinResidents takes any conversation,
 // however long, and every replica takes any while load control steps
 // aside.
-func (v *View) hasRoom(s *replicaState, tokens int) bool {
-	return v.room(s, v.router.gate.held[s], tokens)
+func (v *View) hasRoom(s Replica, tokens int) bool {
+	return v.room(s, v.gate.held[s], tokens)
 }
 
 // roomFor is hasRoom for t's turn, whose conversation, resident on s (a
 // turn that outgrew its residency), counts at t's size only.
-func (v *View) roomFor(s *replicaState, t *Ticket) bool {
-	held := v.router.gate.held[s]
-	if res := v.router.gate.residents[t.key]; res != nil && res.rep == s {
+func (v *View) roomFor(s Replica, t *Ticket) bool {
+	held := v.gate.held[s]
+	if res := v.gate.residents[t.key]; res != nil && res.rep == s {
 		held.count--
 		held.tokens -= res.tokens
 	}
@@ -789,9 +743,9 @@ func (v *View) roomFor(s *replicaState, t *Ticket) bool {
 
 // room reports whether s, holding held, has room for a prompt of tokens
 // more.
-func (v *View) room(s *replicaState, held residency, tokens int) bool {
-	g := v.router.gate
-	if n, _ := held.with(tokens); n <= v.cfg.Admission.MinResidents || g.aside.Load() {
+func (v *View) room(s Replica, held residency, tokens int) bool {
+	g := v.gate
+	if n, _ := held.with(tokens); n <= v.cfg.MinResidents || g.aside.Load() {
 		return true
 	}
 	capacity := v.capacityOf(s)
@@ -803,11 +757,11 @@ func (v *View) room(s *replicaState, held residency, tokens int) bool {
 
 // capacityOf is s's KV cache in tokens: the configured one, else its
 // metrics'; 0 when unknown.
-func (v *View) capacityOf(s *replicaState) int {
-	if c := v.cfg.Admission.CapacityTokens; c > 0 {
+func (v *View) capacityOf(s Replica) int {
+	if c := v.cfg.CapacityTokens; c > 0 {
 		return c
 	}
-	return int(s.kvTokens.Load())
+	return v.routing.KVTokens(s)
 }
 
 func runAll(fns []func()) {
@@ -816,9 +770,8 @@ func runAll(fns []func()) {
 	}
 }
 
-// AdmissionStatus is load control's state and counters since the router
-// started.
-type AdmissionStatus struct {
+// Status is load control's state and counters since the gate was made.
+type Status struct {
 	Enabled bool
 	// Waiting is the number of turns in the queue now.
 	Waiting int
@@ -857,35 +810,39 @@ type AdmissionStatus struct {
 // residency is what a replica holds resident.
 type residency struct{ count, tokens int }
 
-// replicaAdmission is what load control holds on a replica, when it may
-// next take a newcomer while it fills from empty (zero: not so paced), and
-// its fill.
-type replicaAdmission struct {
-	residency
-	nextNewcomer time.Time
-	fill         float64 // the share of its cache its residents may take now
+// ReplicaStatus is what load control holds on a replica: its residents
+// and their prompts' tokens, the shared prefix counted once
+// (sharedprefix.go); when it may next take a newcomer while it fills from
+// empty (stagger.go; zero: not so paced); and the share of its KV cache
+// its residents may take now (fillcontrol.go).
+type ReplicaStatus struct {
+	Residents, ResidentTokens int
+	NextNewcomer              time.Time
+	Fill                      float64
 }
 
-// admissionStatus fills st and flows and returns each replica's residents.
-func (v *View) admissionStatus(st *AdmissionStatus, flows *FlowsStatus) map[*replicaState]replicaAdmission {
-	g := v.router.gate
+// Status fills st and flows and returns what each of the view's replicas
+// holds.
+func (v *View) Status(st *Status, flows *FlowsStatus) map[Replica]ReplicaStatus {
+	g := v.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	*st = AdmissionStatus{
-		Enabled: v.cfg.Admission.Enabled && v.cfg.Affinity,
+	*st = Status{
+		Enabled: v.on,
 		Waiting: len(g.queue), Admitted: g.admitted, Queued: g.queued,
 		Forced: g.forced, Refused: g.refused, Cancelled: g.cancelled, TaskEnded: g.taskEnded,
 		SideCalls: g.sideCalls,
-		Replies:   g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.router.BytesPerToken(),
+		Replies:   g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.routing.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
-		LateShare: g.lateShare, SteppedAside: v.cfg.Admission.Enabled && v.cfg.Affinity && g.aside.Load(),
+		LateShare: g.lateShare, SteppedAside: v.on && g.aside.Load(),
 	}
-	st.SharedPrefix, st.SharedPrefixSource = v.router.sharedPrefix()
+	st.SharedPrefix, st.SharedPrefixSource = v.routing.SharedPrefix()
 	*flows = g.fair.table.flowStatus()
-	out := make(map[*replicaState]replicaAdmission, len(v.replicas))
-	for _, s := range v.replicas {
+	replicas := v.routing.Replicas()
+	out := make(map[Replica]ReplicaStatus, len(replicas))
+	for _, s := range replicas {
 		h := g.held[s]
-		out[s] = replicaAdmission{residency{h.count, v.distinct(h, 0)}, v.nextNewcomer(s), v.fillOf(s)}
+		out[s] = ReplicaStatus{h.count, v.distinct(h, 0), v.nextNewcomer(s), v.fillOf(s)}
 	}
 	return out
 }

@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 import "time"
 
@@ -28,43 +28,43 @@ const staggerSlack = time.Millisecond
 
 // mayTakeNewcomer reports whether s may take a conversation not pinned to it
 // now (g.mu held).
-func (v *View) mayTakeNewcomer(s *replicaState, now int64) bool {
+func (v *View) mayTakeNewcomer(s Replica, now int64) bool {
 	next := v.nextNewcomer(s)
 	return next.IsZero() || now+int64(staggerSlack) >= next.UnixNano()
 }
 
 // nextNewcomer is when s, filling from empty, may take its next newcomer;
 // zero when it is not so paced (g.mu held).
-func (v *View) nextNewcomer(s *replicaState) time.Time {
-	g := v.router.gate
+func (v *View) nextNewcomer(s Replica) time.Time {
+	g := v.gate
 	st := g.staggering[s]
-	if v.cfg.Admission.Stagger <= 0 || st.departed || g.held[s].count == 0 || g.aside.Load() {
+	if v.cfg.Stagger <= 0 || st.departed || g.held[s].count == 0 || g.aside.Load() {
 		return time.Time{}
 	}
-	return time.Unix(0, st.lastNewcomer+int64(v.cfg.Admission.Stagger))
+	return time.Unix(0, st.lastNewcomer+int64(v.cfg.Stagger))
 }
 
 // pacedOnly reports whether t, which found no room, waits only for a rule
 // of when a replica takes a newcomer (stagger, touch.go): a usable replica
 // has room for it (g.mu held).
 func (v *View) pacedOnly(t *Ticket) bool {
-	if v.cfg.Admission.Stagger <= 0 && !v.cfg.Admission.Touch {
+	if v.cfg.Stagger <= 0 && !v.cfg.Touch {
 		return false
 	}
-	healthy := v.anyHealthy(t.usable)
-	return v.lightest(t.usable, t.key, true, func(s *replicaState) bool { return v.takes(s, t, healthy) }) != nil
+	healthy := v.routing.AnyHealthy(t.usable)
+	return v.routing.Lightest(t.usable, t.key, func(s Replica) bool { return v.takes(s, t, healthy) }) != nil
 }
 
 // headPaced reports whether the queue's head waits only for a replica to
 // take a newcomer, so that a turn going to its own replica may pass it
 // (g.mu held).
 func (v *View) headPaced() bool {
-	g := v.router.gate
+	g := v.gate
 	return len(g.queue) > 0 && g.queue[0].view.pacedOnly(g.queue[0])
 }
 
 // tookNewcomer records that s took a conversation not pinned to it.
-func (g *gate) tookNewcomer(s *replicaState, now int64) {
+func (g *Gate) tookNewcomer(s Replica, now int64) {
 	st := g.staggering[s]
 	st.lastNewcomer = now
 	g.staggering[s] = st
@@ -72,7 +72,7 @@ func (g *gate) tookNewcomer(s *replicaState, now int64) {
 
 // residentLeft records that a resident left s: a replica that still holds
 // others is no longer filling from empty; an empty one fills anew.
-func (g *gate) residentLeft(s *replicaState) {
+func (g *Gate) residentLeft(s Replica) {
 	st := g.staggering[s]
 	st.departed = g.held[s].count > 0
 	g.staggering[s] = st

@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 // Departures and the engine's LRU (AdmissionConfig.Touch). vLLM frees a
 // finished request's cached blocks to the tail of its free queue and
@@ -40,7 +40,7 @@ type departure struct {
 // (g.mu held). A departure while residents idle since before an earlier
 // one are still owed adds to it: its cache is freed after theirs either
 // way.
-func (g *gate) left(res *resident, now int64) {
+func (g *Gate) left(res *resident, now int64) {
 	if now == 0 {
 		return
 	}
@@ -55,10 +55,10 @@ func (g *gate) left(res *resident, now int64) {
 
 // touchedAll reports whether s may take a newcomer of tokens now, as far
 // as Touch is concerned (g.mu held).
-func (v *View) touchedAll(s *replicaState, now int64, tokens int) bool {
-	g := v.router.gate
+func (v *View) touchedAll(s Replica, now int64, tokens int) bool {
+	g := v.gate
 	d := g.owed[s]
-	if !v.cfg.Admission.Touch || d == nil || g.aside.Load() || now-d.freed >= int64(v.cfg.Admission.Linger) {
+	if !v.cfg.Touch || d == nil || g.aside.Load() || now-d.freed >= int64(v.cfg.Linger) {
 		return true
 	}
 	if !g.idleBefore(s, d.freed) {
@@ -69,14 +69,14 @@ func (v *View) touchedAll(s *replicaState, now int64, tokens int) bool {
 	if capacity <= 0 {
 		return true
 	}
-	shared := v.router.sharedTokens()
+	shared := v.sharedTokens()
 	departed := max(d.tokens-d.count*shared, 0)
 	return v.distinct(g.held[s], tokens)+departed <= capacity
 }
 
 // idleBefore reports whether a resident of s has been idle since before
 // t: s's idle list is in the order its residents' turns ended (g.mu held).
-func (g *gate) idleBefore(s *replicaState, t int64) bool {
+func (g *Gate) idleBefore(s Replica, t int64) bool {
 	on := g.idleOn[s]
 	return on != nil && on.Front().Value.(*resident).idleSince < t
 }

@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 // Side calls. An agent sends under its conversation's key requests that do
 // not continue the conversation: Claude Code's titles and classifiers, a
@@ -40,7 +40,7 @@ func outgrows(t *Ticket, res *resident) bool {
 
 // rides returns the residency t's turn runs on without finding room: its
 // conversation's, unless t outgrows it; nil when there is none.
-func (g *gate) rides(t *Ticket) *resident {
+func (g *Gate) rides(t *Ticket) *resident {
 	if res := g.residents[t.key]; res != nil && !outgrows(t, res) {
 		return res
 	}

@@ -1,7 +1,6 @@
-package selection
+package loadcontrol
 
 import (
-	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -26,10 +25,10 @@ func FuzzAdmission(f *testing.F) {
 		if len(ops) == 0 {
 			return
 		}
-		r := newTestRouter(2, Config{Admission: AdmissionConfig{
+		r := newFakeRouting(2).view(Config{
 			Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
 			Linger: 10 * time.Second, MaxQueue: 4, Quantum: 3, Touch: ops[0]%2 == 1, FillMin: 0.5, FillMax: 1.2,
-		}})
+		})
 		sizes := []int{1, 5, 20, 40, 60, 90, 200}
 		now := t0
 		var tickets []*Ticket
@@ -43,12 +42,9 @@ func FuzzAdmission(f *testing.F) {
 			}
 			switch op {
 			case 0:
-				req := Request{Key: fmt.Sprint("c", arg%4), Flow: uint64(arg/28) % 3, FlowWeight: float64(arg/28%3) / 2, Now: now}
-				if arg >= 168 {
-					req.Parent = HashKey("c0")
-				}
+				turn := Turn{Key: uint64(arg%4 + 1), Flow: uint64(arg/28) % 3, FlowWeight: float64(arg/28%3) / 2, Now: now, Subagent: arg >= 168}
 				tokens := sizes[(arg/4)%len(sizes)]
-				tickets = append(tickets, r.View.Admit(req, Body{Bytes: int64(tokens * BytesPerToken)}, nil))
+				tickets = append(tickets, r.Admit(turn, Body{Bytes: int64(tokens * fakeBytesPerToken)}, nil))
 			case 1:
 				if tk := nth(); tk != nil {
 					prompt := sizes[arg%len(sizes)]
@@ -78,13 +74,13 @@ func FuzzAdmission(f *testing.F) {
 		}
 		r.Sweep(now.Add(time.Minute))
 		checkAdmissionBooks(t, r, tickets, -1)
-		g := r.Router.gate
+		g := r.gate
 		if len(g.residents) != 0 || len(g.queue) != 0 {
 			t.Fatalf("after every turn ended and linger passed: %d residents, %d queued", len(g.residents), len(g.queue))
 		}
 		for s, h := range g.held {
 			if h != (residency{}) {
-				t.Fatalf("replica %s still holds %+v", s.ID, h)
+				t.Fatalf("replica %s still holds %+v", s, h)
 			}
 		}
 	})
@@ -92,16 +88,16 @@ func FuzzAdmission(f *testing.F) {
 
 // checkAdmissionBooks checks load control's invariants after step (-1: the
 // end).
-func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int) {
+func checkAdmissionBooks(t *testing.T, r *View, tickets []*Ticket, step int) {
 	t.Helper()
-	g := r.Router.gate
+	g := r.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Fatalf("step %d: "+format, append([]any{step}, args...)...)
 	}
-	sums := map[*replicaState]residency{}
+	sums := map[Replica]residency{}
 	idle := 0
 	for key, res := range g.residents {
 		if res.key != key {
@@ -127,13 +123,13 @@ func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int
 	onReplicas := 0
 	for s, on := range g.idleOn {
 		if on.Len() == 0 {
-			fail("replica %s keeps an empty idle list", s.ID)
+			fail("replica %s keeps an empty idle list", s)
 		}
 		last := int64(math.MinInt64)
 		for e := on.Front(); e != nil; e = e.Next() {
 			res := e.Value.(*resident)
 			if res.rep != s || res.idleOn != e || res.idleSince < last {
-				fail("replica %s's idle list holds %x of %s idle since %d after %d", s.ID, res.key, res.rep.ID, res.idleSince, last)
+				fail("replica %s's idle list holds %x of %s idle since %d after %d", s, res.key, res.rep, res.idleSince, last)
 			}
 			last = res.idleSince
 			onReplicas++
@@ -144,7 +140,7 @@ func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int
 	}
 	for s, h := range g.held {
 		if h != sums[s] {
-			fail("replica %s holds %+v, its residents add up to %+v", s.ID, h, sums[s])
+			fail("replica %s holds %+v, its residents add up to %+v", s, h, sums[s])
 		}
 	}
 	running := map[*resident]int{}
@@ -168,8 +164,8 @@ func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int
 			fail("resident %x counts %d running turns, %d are", res.key, res.running, running[res])
 		}
 	}
-	if waiting != len(g.queue) || len(g.queue) > r.View.cfg.Admission.MaxQueue {
-		fail("%d waiting turns, %d queued, max_queue %d", waiting, len(g.queue), r.View.cfg.Admission.MaxQueue)
+	if waiting != len(g.queue) || len(g.queue) > r.cfg.MaxQueue {
+		fail("%d waiting turns, %d queued, max_queue %d", waiting, len(g.queue), r.cfg.MaxQueue)
 	}
 	checkFlowBooks(g, fail)
 }
@@ -178,7 +174,7 @@ func checkAdmissionBooks(t *testing.T, r testRouter, tickets []*Ticket, step int
 // is in slot order, each flow's turns are its queued ones, main turns
 // first, in slot order, the waiting counts are the queued turns, and the
 // flows' counters add up to load control's.
-func checkFlowBooks(g *gate, fail func(string, ...any)) {
+func checkFlowBooks(g *Gate, fail func(string, ...any)) {
 	for i := 1; i < len(g.queue); i++ {
 		if g.queue[i-1].fair.slot.compare(g.queue[i].fair.slot) >= 0 {
 			fail("queue out of slot order at %d: %+v then %+v", i, g.queue[i-1].fair.slot, g.queue[i].fair.slot)

@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 import (
 	"cmp"
@@ -67,14 +67,14 @@ func newFairQueue() fairQueue {
 	return fairQueue{flows: map[uint64]*flowTurns{}, table: flowTable{byID: map[uint64]*flowCounts{}}}
 }
 
-// fairTurnOf is what req's turn is among the flows (g.mu held).
-func (v *View) fairTurnOf(req Request) fairTurn {
-	weight := req.FlowWeight
+// fairTurnOf is what turn is among the flows (g.mu held).
+func (v *View) fairTurnOf(turn Turn) fairTurn {
+	weight := turn.FlowWeight
 	if weight <= 0 {
 		weight = 1
 	}
-	return fairTurn{flow: req.Flow, weight: weight, subagent: req.Parent != 0 && !req.Renamed,
-		since: req.Now.UnixNano(), counts: v.router.gate.fair.table.counts(req.Flow)}
+	return fairTurn{flow: turn.Flow, weight: weight, subagent: turn.Subagent,
+		since: turn.Now.UnixNano(), counts: v.gate.fair.table.counts(turn.Flow)}
 }
 
 // secondary reports whether t, which must wait, waits behind its flow's
@@ -84,24 +84,12 @@ func (v *View) fairTurnOf(req Request) fairTurn {
 func (t *Ticket) secondary() bool {
 	v := t.view
 	return t.fair.subagent || known(t.body) &&
-		sideShare*float64(v.router.lastPromptOf(t.key, t.fair.since, int64(v.cfg.SessionTTL))) > float64(t.tokens)
-}
-
-// lastPromptOf is the prompt of key's latest request on its pin, in
-// tokens; 0 when unknown.
-func (r *Router) lastPromptOf(key uint64, now, ttl int64) int {
-	sh := r.sessions.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e := sh.entry(key, now, ttl); e != nil {
-		return e.lastPrompt
-	}
-	return 0
+		sideShare*float64(v.routing.LastPrompt(t.key, t.fair.since)) > float64(t.tokens)
 }
 
 // enqueue puts t in the queue at its flow's next slot, ahead of its flow's
 // secondary turns if it is a main one (g.mu held).
-func (g *gate) enqueue(t *Ticket) {
+func (g *Gate) enqueue(t *Ticket) {
 	q := &g.fair
 	if len(g.queue) == 0 {
 		q.vt = 0
@@ -144,20 +132,20 @@ func (g *gate) enqueue(t *Ticket) {
 
 // dequeue takes the turn at i out of the queue, admitted at now (g.mu
 // held).
-func (g *gate) dequeue(i int, now int64) {
+func (g *Gate) dequeue(i int, now int64) {
 	t := g.queue[i]
 	g.removeQueued(i)
 	t.fair.counts.waited += now - t.fair.since
 }
 
 // unqueue takes t out of the queue without admitting it (g.mu held).
-func (g *gate) unqueue(t *Ticket) {
+func (g *Gate) unqueue(t *Ticket) {
 	if i := slices.Index(g.queue, t); i >= 0 {
 		g.removeQueued(i)
 	}
 }
 
-func (g *gate) removeQueued(i int) {
+func (g *Gate) removeQueued(i int) {
 	t := g.queue[i]
 	g.queue = slices.Delete(g.queue, i, i+1)
 	f := g.fair.flows[t.fair.flow]

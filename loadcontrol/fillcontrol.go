@@ -1,4 +1,4 @@
-package selection
+package loadcontrol
 
 // Fill control (AdmissionConfig.FillMin, FillMax): each replica's share of
 // cache follows how much of its resident turns' prompts the replies say was
@@ -37,12 +37,12 @@ type fillState struct {
 
 // controlsFill reports whether each replica's fill follows its residents'
 // hits.
-func (c AdmissionConfig) controlsFill() bool { return c.FillMin > 0 && c.FillMax >= c.FillMin }
+func (c Config) controlsFill() bool { return c.FillMin > 0 && c.FillMax >= c.FillMin }
 
 // fillOf is the share of s's cache its residents may take (g.mu held).
-func (v *View) fillOf(s *replicaState) float64 {
-	c := v.cfg.Admission
-	g := v.router.gate
+func (v *View) fillOf(s Replica) float64 {
+	c := v.cfg
+	g := v.gate
 	if !c.controlsFill() || g.cacheReplies == 0 {
 		return c.Fill
 	}
@@ -54,12 +54,12 @@ func (v *View) fillOf(s *replicaState) float64 {
 
 // observeFill adds the reply of a resident turn on s, which reported its
 // cached part, to s's window (g.mu held).
-func (v *View) observeFill(s *replicaState, reply Reply) {
-	c := v.cfg.Admission
+func (v *View) observeFill(s Replica, reply Reply) {
+	c := v.cfg
 	if !c.controlsFill() {
 		return
 	}
-	g := v.router.gate
+	g := v.gate
 	st := g.fill[s]
 	if st == nil || st.lo != c.FillMin || st.hi != c.FillMax {
 		st = &fillState{fill: c.FillMax, lo: c.FillMin, hi: c.FillMax}
