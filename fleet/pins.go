@@ -22,18 +22,21 @@ func (m *Model) PinsUsedSince(t time.Time) []selection.Pin { return m.router.Pin
 // seconds its size and encoding time matter (about 15 bytes a pin against
 // some 60 in JSON). The layout, integers as unsigned varints unless said:
 //
-//	"WPIN" 1                          magic, version
+//	"WPIN" 2                          magic, version
 //	n, then n × (length, bytes)       replica IDs, each once
 //	newest                            the latest last use, unix ns
 //	count, then count × pin            pin: key (8 bytes LE), replica index,
-//	                                        newest - last use (ns)
+//	                                        newest - last use (ns),
+//	                                        last prompt (tokens, 0: unknown)
 //	CRC-32C of all the above (4 bytes LE)
 //
 // Ages from the newest last use are shorter than absolute times; the
 // checksum turns a torn or foreign file into an error, never into pins.
+// Version 1, written before the last prompt was kept, is still read (its
+// prompts unknown), so that an upgrade keeps the pins.
 const (
 	pinsMagic   = "WPIN"
-	pinsVersion = 1
+	pinsVersion = 2
 	// minPinBytes is the smallest encoded pin, which bounds a count read
 	// from the file before anything is allocated for it.
 	minPinBytes = 8 + 1 + 1
@@ -70,6 +73,7 @@ func EncodePins(pins []selection.Pin) []byte {
 		b = binary.LittleEndian.AppendUint64(b, p.Key)
 		b = binary.AppendUvarint(b, index[p.Replica])
 		b = binary.AppendUvarint(b, uint64(newest-p.LastUse))
+		b = binary.AppendUvarint(b, uint64(max(p.Prompt, 0)))
 	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
@@ -84,8 +88,9 @@ func DecodePins(data []byte) ([]selection.Pin, error) {
 	if crc32.Checksum(body, castagnoli) != sum {
 		return nil, errors.New("pin snapshot: checksum mismatch (torn or corrupt)")
 	}
-	if v := body[len(pinsMagic)]; v != pinsVersion {
-		return nil, fmt.Errorf("pin snapshot: version %d, want %d", v, pinsVersion)
+	version := body[len(pinsMagic)]
+	if version != 1 && version != pinsVersion {
+		return nil, fmt.Errorf("pin snapshot: version %d, want 1 or %d", version, pinsVersion)
 	}
 	d := decoder{b: body[len(pinsMagic)+1:]}
 	ids := make([]string, d.count(1))
@@ -107,6 +112,13 @@ func DecodePins(data []byte) ([]selection.Pin, error) {
 			d.err = fmt.Errorf("pin %d: last use before the epoch", i)
 		}
 		p.LastUse = newest - int64(age)
+		if version >= 2 {
+			if prompt := d.uvarint(); prompt <= math.MaxInt32 {
+				p.Prompt = int(prompt)
+			} else if d.err == nil {
+				d.err = fmt.Errorf("pin %d: a prompt of %d tokens", i, prompt)
+			}
+		}
 	}
 	if d.err == nil && len(d.b) > 0 {
 		d.err = fmt.Errorf("%d bytes after the last pin", len(d.b))

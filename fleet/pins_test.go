@@ -21,6 +21,7 @@ func randomPins(rng *rand.Rand, n, replicas int) []selection.Pin {
 			Key:     rng.Uint64(),
 			Replica: "10.0.0." + strconv.Itoa(rng.IntN(replicas)) + ":8000#" + strconv.Itoa(rng.IntN(4)),
 			LastUse: t0.UnixNano() - rng.Int64N(int64(time.Hour)),
+			Prompt:  rng.IntN(200000),
 		}
 	}
 	return pins
@@ -37,6 +38,27 @@ func TestPinsRoundTrip(t *testing.T) {
 		if len(got) != len(pins) || (n > 0 && !reflect.DeepEqual(got, pins)) {
 			t.Fatalf("%d pins came back as %d, or different", n, len(got))
 		}
+	}
+}
+
+// A snapshot written before the last prompt was kept (version 1) still
+// gives its pins, their prompts unknown.
+func TestDecodePinsReadsVersion1(t *testing.T) {
+	body := append([]byte(pinsMagic), 1)
+	body = binary.AppendUvarint(body, 1)
+	body = binary.AppendUvarint(body, uint64(len("r0")))
+	body = append(body, "r0"...)
+	body = binary.AppendVarint(body, t0.UnixNano())
+	body = binary.AppendUvarint(body, 2)
+	for i, age := range []time.Duration{0, time.Minute} {
+		body = binary.LittleEndian.AppendUint64(body, uint64(i+7))
+		body = binary.AppendUvarint(body, 0)
+		body = binary.AppendUvarint(body, uint64(age))
+	}
+	got, err := DecodePins(withSum(body))
+	want := []selection.Pin{{Key: 7, Replica: "r0", LastUse: t0.UnixNano()}, {Key: 8, Replica: "r0", LastUse: t0.Add(-time.Minute).UnixNano()}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("version 1: %v, %v; want %v", got, err, want)
 	}
 }
 
@@ -72,13 +94,15 @@ func TestDecodePinsRefusesWellSealedNonsense(t *testing.T) {
 	valid := EncodePins([]selection.Pin{{Key: 9, Replica: "a:1", LastUse: 5}})
 	body := valid[:len(valid)-4]
 	cases := map[string][]byte{
-		"version 2":          withSum(append(head(2), body[len(pinsMagic)+1:]...)),
+		"version 3":          withSum(append(head(3), body[len(pinsMagic)+1:]...)),
 		"a billion replicas": withSum(binary.AppendUvarint(head(1), 1e9)),
 		"a billion pins": withSum(binary.AppendUvarint(binary.AppendVarint(
 			binary.AppendUvarint(head(1), 0), 0), 1e9)),
 		"replica index out of range": withSum(append(binary.AppendUvarint(binary.LittleEndian.AppendUint64(binary.AppendUvarint(binary.AppendVarint(
 			binary.AppendUvarint(head(1), 0), 100), 1), 7), 0), 0)),
-		"last use before 1970": withSum(binary.AppendUvarint(slices.Clone(body[:len(body)-1]), 6)),
+		// The valid body ends with the pin's age (0) and prompt (0), a byte each.
+		"last use before 1970":    withSum(binary.AppendUvarint(binary.AppendUvarint(slices.Clone(body[:len(body)-2]), 6), 0)),
+		"a prompt of 2^40 tokens": withSum(binary.AppendUvarint(slices.Clone(body[:len(body)-1]), 1<<40)),
 	}
 	for name, data := range cases {
 		if pins, err := DecodePins(data); err == nil {

@@ -302,3 +302,36 @@ func TestCountOnlyRequestIsNoTurn(t *testing.T) {
 		t.Error("a count pinned its conversation")
 	}
 }
+
+// A conversation restored from a snapshot (the proxy restarted, not the
+// replica) counts its last prompt as cached at its pin: a short queue
+// there does not move it. Restored without its prompt's size, the same
+// queue moves it, as nothing tells its pin from another.
+func TestRestoredConversationKeepsItsCache(t *testing.T) {
+	for _, kept := range []bool{true, false} {
+		before := newTestRouter(2, Config{MaxNumSeqs: 32})
+		home := id(turn(t, before, "a", 0))
+		pins := before.Snapshot()
+		if !kept {
+			for i := range pins {
+				pins[i].Prompt = 0
+			}
+		}
+		r := newTestRouter(2, Config{MaxNumSeqs: 32, SessionTTL: time.Hour})
+		if st := r.Restore(pins, t0.Add(time.Second)); st.Restored != 1 {
+			t.Fatalf("restored %+v", st)
+		}
+		teachRate(r, 5000, kvLoad(1000))
+		teachTurns(r, 10*time.Second)
+		busy := hold(t, r, home, 1, 5000, 2*time.Second) // 1 s of prefill ahead
+		d := r.Pick(Request{Key: "a", PromptTokens: 10500, Now: t0.Add(2 * time.Second)})
+		d.Release()
+		releaseAll(busy)
+		switch {
+		case kept && (d.Outcome != Sticky || id(d) != home):
+			t.Errorf("restored with its prompt: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+		case !kept && id(d) == home:
+			t.Errorf("restored without its prompt: %v on %s, want moved off it", d.Outcome, id(d))
+		}
+	}
+}

@@ -8,11 +8,13 @@ import (
 
 // Pin is one conversation of the session table as a snapshot keeps it, so
 // that pins can outlive the process: the hashed key (the raw key is never
-// kept), the pinned replica's ID and the last use.
+// kept), the pinned replica's ID, the last use and the last prompt's size,
+// which the replica still caches when only the proxy restarted.
 type Pin struct {
 	Key     uint64 // HashKey of the session key
 	Replica string // the pinned replica's ID
 	LastUse int64  // unix nanoseconds
+	Prompt  int    // tokens of the conversation's last prompt, 0 when unknown
 }
 
 // Snapshot copies every conversation of the table. It holds one shard's
@@ -31,7 +33,7 @@ func (r *Router) Snapshot() []Pin {
 		sh := &r.sessions.shards[i]
 		sh.mu.Lock()
 		for e := sh.head; e != nil; e = e.next {
-			out = append(out, Pin{Key: e.key, Replica: e.pin.ID, LastUse: e.lastSeen})
+			out = append(out, Pin{Key: e.key, Replica: e.pin.ID, LastUse: e.lastSeen, Prompt: max(e.lastPrompt, 0)})
 		}
 		sh.mu.Unlock()
 	}
@@ -71,6 +73,7 @@ func (v *View) Restore(pins []Pin, now time.Time) RestoreStats {
 		key      uint64
 		lastSeen int64
 		pin      *replicaState
+		prompt   int
 	}
 	valid := make([]restoring, 0, len(pins))
 	for _, p := range pins {
@@ -81,7 +84,7 @@ func (v *View) Restore(pins []Pin, now time.Time) RestoreStats {
 		case s == nil:
 			st.UnknownReplica++
 		default:
-			valid = append(valid, restoring{key: p.Key, lastSeen: min(p.LastUse, nowNs), pin: s})
+			valid = append(valid, restoring{key: p.Key, lastSeen: min(p.LastUse, nowNs), pin: s, prompt: max(p.Prompt, 0)})
 		}
 	}
 	// By shard, each shard's most recent first: so capacity keeps the most
@@ -108,7 +111,7 @@ func (v *View) Restore(pins []Pin, now time.Time) RestoreStats {
 			for next != nil && next.lastSeen >= p.lastSeen {
 				prev, next = next, next.next
 			}
-			e := &session{key: p.key, pin: p.pin, lastSeen: p.lastSeen}
+			e := &session{key: p.key, pin: p.pin, lastSeen: p.lastSeen, lastPrompt: p.prompt}
 			p.pin.sessions.Add(1)
 			sh.byKey[p.key] = e
 			sh.insertAfter(prev, e)
