@@ -33,8 +33,8 @@ const (
 // go to a replica now, and holds it in the request's own goroutine while it
 // must wait. It reports false when the turn must not be sent: the queue is
 // full, or its client left while it waited.
-func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Request, req selection.Request) bool {
-	if !p.view.Admission().Enabled {
+func (p *Policy) admit(view *selection.View, r *http.Request, w http.ResponseWriter, held *inflight.Request, req selection.Request) bool {
+	if !view.Admission().Enabled {
 		return true // checked first so that, off, it allocates nothing
 	}
 	if held.ID.Auxiliary {
@@ -50,7 +50,7 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Re
 	start := p.clock.Now()
 	// The ticket keeps req.Usable: other requests' ends admit the turn with it.
 	req.Now, req.Flow = start, sessionkey.Flow(r.Header, p.cfg.LoadControl.flowHeader())
-	t := p.view.Admit(req, held.Body, func() { close(ready) })
+	t := view.Admit(req, held.Body, func() { close(ready) })
 	held.Ticket = t
 	if t == nil {
 		return true // affinity off, or no key to hold the turn by
@@ -58,12 +58,12 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Re
 	switch t.State() {
 	case loadcontrol.Refused:
 		if w != nil {
-			w.Header().Set("Retry-After", retryAfter(p.view.Admission().Linger))
+			w.Header().Set("Retry-After", retryAfter(view.Admission().Linger))
 		}
 		caddyhttp.SetVar(ctx, varOutcome, outcomeRefused)
 		return false
 	case loadcontrol.Waiting:
-		sent := p.wait(r, t, ready)
+		sent := p.wait(view, r, t, ready)
 		waited := p.clock.Now().Sub(start).Seconds()
 		caddyhttp.SetVar(ctx, varQueued, waited)
 		metrics.ObserveWait(p.Model, waited)
@@ -78,8 +78,8 @@ func (p *Policy) admit(r *http.Request, w http.ResponseWriter, held *inflight.Re
 // is forced through); it reports whether the turn may be sent. max_wait
 // counts the body's upload too, so a client that sends it slowly cannot
 // stretch the wait.
-func (p *Policy) wait(r *http.Request, t *loadcontrol.Ticket, ready <-chan struct{}) bool {
-	timeout := p.clock.After(p.view.MaxWait())
+func (p *Policy) wait(view *selection.View, r *http.Request, t *loadcontrol.Ticket, ready <-chan struct{}) bool {
+	timeout := p.clock.After(view.MaxWait())
 	readBody(r)
 	select {
 	case <-ready:

@@ -131,7 +131,7 @@ var keySources = [...]any{
 // scan on the first try, and blocks only there, in the request's own
 // goroutine, for a turn that load control holds.
 func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	cfg := p.cfg
+	cfg, view := p.cfg, p.view.Current()
 	ctx := r.Context()
 	held, retry := caddyhttp.GetVar(ctx, varInFlight).(*inflight.Request)
 	if !retry {
@@ -149,19 +149,19 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		// A client that chose its replica is not held: load control would
 		// count its conversation where it admits it, not where it goes.
 		held.Body = requestBody(r) // once: a retry is the same prompt
-		if p.view.WantsPrefix(held.ID.Key) {
+		if view.WantsPrefix(held.ID.Key) {
 			readPrefix(r, &held.Body)
 		}
-		if req.ClientReplica == "" && !p.admit(r, w, held, req) {
+		if req.ClientReplica == "" && !p.admit(view, r, w, held, req) {
 			held.TurnedAway = true
 			return nil
 		}
 		context.AfterFunc(ctx, func() { held.Release(p.clock.Now()) })
 	}
-	req.PromptTokens, req.Prefix = p.view.EstimateTokens(held.Body.Bytes), held.Body.Prefix
+	req.PromptTokens, req.Prefix = view.EstimateTokens(held.Body.Bytes), held.Body.Prefix
 	req.CountOnly = countsTokens(r)
 	req.Now = p.clock.Now()
-	if cfg.Server != nil && !p.view.Affinity() && req.ClientReplica == "" {
+	if cfg.Server != nil && !view.Affinity() && req.ClientReplica == "" {
 		// Affinity off with internal DP: vLLM's own balancer decides,
 		// unless an allowed client chose its rank.
 		if !held.Set(selection.Decision{}) {
@@ -175,7 +175,10 @@ func (p *Policy) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.
 		}
 		return u
 	}
-	d := p.view.Pick(req)
+	d := view.Pick(req)
+	if _, ok := d.Replica(); !ok && view != p.view {
+		d = p.view.Pick(req) // the new config lists none of this config's upstreams
+	}
 	if !held.Set(d) {
 		return nil // its client left while it was routed
 	}

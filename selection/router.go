@@ -81,6 +81,10 @@ type Router struct {
 
 	sessions *sessionTable
 	gate     *loadcontrol.Gate
+	// views numbers the views made, applied is the last one applied
+	// (Current).
+	views   atomic.Uint64
+	applied atomic.Pointer[View]
 	// prefix learns the system prompt and tools conversations share.
 	prefix *prefixLearner
 	// placeMu serialises decisions that compare replicas, so that the load a
@@ -129,9 +133,10 @@ func NewRouter(model string, now time.Time) *Router {
 // gets a state of its own in the view until Apply adopts it, so a config
 // that is provisioned and then rejected leaves no trace. A view routes as
 // soon as it exists (Caddy may start serving a new config's requests before
-// its apps start), and keeps routing by its own settings while it lives.
+// its apps start), and keeps routing by its own settings until a view made
+// after it is applied (Current).
 func (r *Router) View(cfg Config, replicas []Replica) *View {
-	v := &View{router: r, cfg: cfg.withDefaults(), byID: make(map[string]*replicaState, len(replicas))}
+	v := &View{router: r, cfg: cfg.withDefaults(), byID: make(map[string]*replicaState, len(replicas)), made: r.views.Add(1)}
 	r.statesMu.Lock()
 	defer r.statesMu.Unlock()
 	for _, rep := range replicas {
@@ -160,6 +165,20 @@ func (r *Router) Apply(v *View) {
 	}
 	r.statesMu.Unlock()
 	r.sessions.setCapacity(v.cfg.MaxSessions)
+	r.applied.Store(v)
+}
+
+// Current is the view a request that v's config received should be routed
+// by: v, unless a view made after it has been applied since. Caddy starts
+// stopping the old config's servers but does not wait for it, and the old
+// listener may still accept connections meanwhile, so requests can reach
+// a replaced config after the change that replaced it (a runtime toggle
+// of affinity, say) has returned; they follow the change.
+func (v *View) Current() *View {
+	if a := v.router.applied.Load(); a != nil && a.made > v.made {
+		return a
+	}
+	return v
 }
 
 func (r *Router) state(id string) *replicaState {
@@ -191,6 +210,7 @@ type View struct {
 	replicas []*replicaState
 	byID     map[string]*replicaState
 	lc       *loadcontrol.View // load control under this config's settings
+	made     uint64            // the router's count of views when it was made
 }
 
 // Affinity reports whether sessions are pinned.

@@ -503,3 +503,30 @@ func TestFloodKeepsTheConversationsAtWork(t *testing.T) {
 	}
 	atWork.Release()
 }
+
+// A request that reaches a replaced config's view after the change is
+// routed by the change (affinity off here); a view made later that has not
+// been applied (a config not started yet, or whose start failed) routes by
+// its own settings, and re-applying the old view makes it current again.
+func TestReplacedViewFollowsTheAppliedOne(t *testing.T) {
+	r := newTestRouter(3, Config{})
+	old := r.View
+	if d := r.Pick(Request{Key: "a", Now: t0}); d.Outcome != Placed {
+		t.Fatalf("first turn: %v", d.Outcome)
+	}
+	off := r.Router.View(Config{Affinity: false}, r.Replicas())
+	if old.Current() != old || off.Current() != off {
+		t.Fatal("a view made but not applied replaced the applied one")
+	}
+	r.Apply(off)
+	if old.Current() != off {
+		t.Fatal("the replaced view does not follow the applied one")
+	}
+	if d := old.Current().Pick(Request{Key: "a", Now: t0.Add(time.Second)}); d.Outcome != Unpinned {
+		t.Errorf("after affinity went off: %v, want unpinned", d.Outcome)
+	}
+	r.Apply(old) // the newer config's start failed: the old one is applied again
+	if old.Current() != old || off.Current() != off {
+		t.Error("re-applying the old view did not give routing back to it")
+	}
+}
