@@ -75,6 +75,29 @@ var Profiles = map[string]Profile{
 		// PCIe 4.0 x16; the README's calibration says where the figure comes from.
 		KVOffloadBandwidth: 25e9,
 	},
+	// 1 x RTX 5090 32 GiB running Gemma-3-27B with 4-bit weights, one card per replica, as in
+	// the seed's agent farm (seven of them). The KV figures count the 10 global-attention
+	// layers only (vLLM's hybrid allocator keeps the 52 sliding-window layers to their 1,024
+	// tokens); the README's calibration section says where each number comes from.
+	"rtx5090-gemma3-27b": {
+		Name:                 "rtx5090-gemma3-27b",
+		MaxNumSeqs:           64,
+		MaxNumBatchedTokens:  2048,
+		NumGPUBlocks:         8192,
+		BlockSize:            16,
+		MaxModelLen:          131072,
+		GPUMemoryUtilization: 0.9,
+		ReserveFullPrompt:    true,
+		StepOverhead:         4 * time.Millisecond,
+		PrefillTokenCost:     490 * time.Microsecond,
+		WeightsBytes:         16.5e9,
+		KVBytesPerToken:      2 * 10 * 16 * 128 * 2,
+		MemBandwidth:         1792e9,
+		MemEfficiency:        0.8,
+		KVOffloadingBackend:  "native",
+		// PCIe 5.0 x16, about 50 GB/s one way for DMA copies of blocks over 1 MB.
+		KVOffloadBandwidth: 50e9,
+	},
 }
 
 // DefaultProfile is the name of the profile used when none is chosen.
