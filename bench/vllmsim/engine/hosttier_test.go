@@ -604,3 +604,25 @@ func TestCrowdedTiersNeverStall(t *testing.T) {
 		}
 	}
 }
+
+// Every built-in profile describes an engine that starts, with and without
+// the host tier the farm's box gives (64 GiB), and the farm's profile holds
+// 16 conversations of 57k tokens on seven replicas but not 26 (its README
+// section's sizing).
+func TestBuiltInProfilesStart(t *testing.T) {
+	for name, p := range Profiles {
+		if p.Name != name {
+			t.Errorf("profile %q names itself %q", name, p.Name)
+		}
+		p.KVOffloadingSize = 64
+		for _, q := range []Profile{Profiles[name], p} {
+			if err := q.Validate(); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+	}
+	farm := 7 * Profiles["rtx5090-gemma3-27b"].KVCapacityTokens()
+	if 16*57000 > farm || 26*57000 <= farm {
+		t.Errorf("the farm's seven replicas hold %d tokens: 16 conversations of 57k should fit, 26 not", farm)
+	}
+}
