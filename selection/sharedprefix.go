@@ -13,12 +13,8 @@ import (
 // system prompt and tools, which a replica's prefix cache holds once however
 // many of them are resident there. Counting every resident's prompt whole
 // overstates what a replica holds by that prefix for each resident but one,
-// and by how much depends on the agent: with the seed workload's 3.5k shared
-// tokens load control needed a fill of 1.3 to keep the four conversations a
-// replica holds; with 15k shared and 2k of its own per conversation, that
-// fill kept two or three where six fit, and load control ran at 0.62-0.87×
-// the best baseline's throughput; with nothing shared, it let in a fourth
-// that did not fit (lab, docs/policy.md#the-shared-prefix).
+// by an amount that depends on the agent, so no fixed fill can make up for
+// it (docs/research/policy.md#the-shared-prefix has the measurements).
 //
 // Routing counts it too: a conversation moved to another replica finds the
 // shared prefix cached there, and computes only the rest (cost.go).
@@ -29,9 +25,9 @@ import (
 // that already held residents, mostly a conversation's first, is the
 // prefix it shares with them. vLLM reports nothing without that flag, its
 // default: the router then reads the prefix from new conversations'
-// requests, as the
-// longest run of system prompt and tool parts (Body.Prefix) that a
-// conversation's request shares with another recent conversation's. The
+// requests, as the longest run of system prompt and tool parts
+// (Body.Prefix) that a conversation's request shares with another recent
+// conversation's. The
 // replies win once they tell: the template's own tokens and a server that
 // caches less than the requests share are in them.
 // A replica's residents then hold the sum of their prompts less the shared
