@@ -257,6 +257,9 @@ func replicaLoad(rep selection.Replica, s metricsfeed.Scrape) selection.Load {
 			l.ExternalQueries += e.ExternalQueries
 			l.ExternalHits += e.ExternalHits
 		}
+		if e.Has(metricsfeed.FieldHostStoredBytes) {
+			l.HostStoredBytes += e.HostStoredBytes
+		}
 		engines++
 	}
 	if engines == 0 {

@@ -294,7 +294,7 @@ func prefixSample(queries, hits float64) EngineStats {
 // withCreated gives e's prefix-cache counters a creation time.
 func withCreated(e EngineStats, at float64) EngineStats {
 	for _, f := range []Field{FieldPrefixQueries, FieldPrefixHits} {
-		e.created[bits.TrailingZeros16(uint16(f))] = at
+		e.created[bits.TrailingZeros32(uint32(f))] = at
 	}
 	return e
 }

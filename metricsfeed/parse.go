@@ -24,7 +24,7 @@ import (
 
 // Field names one value of EngineStats; a set of them records which series a
 // scrape actually contained.
-type Field uint16
+type Field uint32
 
 // The fields of EngineStats that a scrape may or may not contain.
 const (
@@ -44,6 +44,7 @@ const (
 	FieldTTFT
 	FieldExternalQueries
 	FieldExternalHits
+	FieldHostStoredBytes
 )
 
 // LoadFields are the gauges a router needs to judge an engine's load.
@@ -89,6 +90,10 @@ type EngineStats struct {
 	// host-memory tier (--kv-offloading-size), and those it served.
 	ExternalQueries float64 `json:"external_prefix_queries"`
 	ExternalHits    float64 `json:"external_prefix_hits"`
+	// HostStoredBytes counts the bytes of KV blocks copied to the host
+	// tier, which, over the tokens written, gives the bytes of a token's KV
+	// and so the tier's size in tokens.
+	HostStoredBytes float64 `json:"host_stored_bytes"`
 
 	BlockSize    int `json:"block_size"`     // tokens per KV block, from cache_config_info
 	NumGPUBlocks int `json:"num_gpu_blocks"` // KV blocks on the GPU, from cache_config_info
@@ -99,7 +104,7 @@ type EngineStats struct {
 	Present Field `json:"present"`
 
 	// created holds Created's times, indexed by the field's bit.
-	created [16]float64
+	created [32]float64
 }
 
 // Created is when the server created counter f's series (Unix seconds, by
@@ -107,7 +112,7 @@ type EngineStats struct {
 // publishes beside each counter; 0 when the exposition does not say, or
 // when the counter sums several series. A changed time means the counter
 // started again from zero.
-func (e EngineStats) Created(f Field) float64 { return e.created[bits.TrailingZeros16(uint16(f))] }
+func (e EngineStats) Created(f Field) float64 { return e.created[bits.TrailingZeros32(uint32(f))] }
 
 // Has reports whether every field in f was present in the scrape.
 func (e EngineStats) Has(f Field) bool { return e.Present&f == f }
@@ -166,6 +171,24 @@ type seriesSpec struct {
 	// negativeAbsent makes a negative sample mean "not available" (the field
 	// stays absent) instead of corrupt data.
 	negativeAbsent bool
+	// only, when set, skips the samples whose label has another value (a
+	// sample without the label is kept).
+	only labelIs
+}
+
+// labelIs is a label's name and the value a sample must have, if it has it.
+type labelIs struct{ name, value string }
+
+func (l labelIs) keeps(m *dto.Metric) bool {
+	if l.name == "" {
+		return true
+	}
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == l.name {
+			return lp.GetValue() == l.value
+		}
+	}
+	return true
 }
 
 // setter validates a sample value and stores it into its field.
@@ -230,6 +253,9 @@ var vllmSeries = []seriesSpec{
 	// A patched 0.11.0 named the connector's counters connector_prefix_cache_*.
 	{names: counterNames("vllm:external_prefix_cache_queries", "vllm:connector_prefix_cache_queries"), kind: counter, field: FieldExternalQueries, set: accumulate(func(e *EngineStats) *float64 { return &e.ExternalQueries })},
 	{names: counterNames("vllm:external_prefix_cache_hits", "vllm:connector_prefix_cache_hits"), kind: counter, field: FieldExternalHits, set: accumulate(func(e *EngineStats) *float64 { return &e.ExternalHits })},
+	// The stores' bytes: vllm:kv_offload_store_bytes since the metrics'
+	// redesign, before it vllm:kv_offload_total_bytes by transfer_type.
+	{names: counterNames("vllm:kv_offload_store_bytes", "vllm:kv_offload_total_bytes"), kind: counter, field: FieldHostStoredBytes, set: accumulate(func(e *EngineStats) *float64 { return &e.HostStoredBytes }), only: labelIs{"transfer_type", "GPU_to_CPU"}},
 	{names: counterNames("vllm:prompt_tokens"), kind: counter, field: FieldPromptTokens, set: accumulate(func(e *EngineStats) *float64 { return &e.PromptTokens })},
 	{names: counterNames("vllm:prompt_tokens_cached"), kind: counter, field: FieldPromptTokensCached, set: accumulate(func(e *EngineStats) *float64 { return &e.PromptTokensCached })},
 	{names: counterNames("vllm:generation_tokens"), kind: counter, field: FieldGenerationTokens, set: accumulate(func(e *EngineStats) *float64 { return &e.GenerationTokens })},
@@ -367,6 +393,9 @@ func Parse(r io.Reader) (Scrape, error) {
 // applySample stores one sample of spec's name number nameIndex, unless an
 // earlier name already gave the engine its value.
 func applySample(spec seriesSpec, nameIndex int, source map[*EngineStats]int, m *dto.Metric, engineFor func(*dto.Metric) (*EngineStats, error)) error {
+	if !spec.only.keeps(m) {
+		return nil
+	}
 	v, ok := sampleValue(m)
 	if !ok {
 		return errors.New("not a gauge, counter or untyped sample")
@@ -417,7 +446,7 @@ func readCreated(spec seriesSpec, source map[*EngineStats]int, families map[stri
 			continue
 		}
 		if v, ok := sampleValue(created[0]); ok && v > 0 && !math.IsInf(v, 0) {
-			e.created[bits.TrailingZeros16(uint16(spec.field))] = v
+			e.created[bits.TrailingZeros32(uint32(spec.field))] = v
 		}
 	}
 }

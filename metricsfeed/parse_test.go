@@ -96,21 +96,23 @@ func TestParseLegacyGaugeNameAndNoEngineLabel(t *testing.T) {
 	}
 }
 
-// TestParseNameVariants reads saved /metrics bodies of the servers warden
-// meets: each must give the same kind of stats whatever the series are
-// called, and a series a server does not publish must stay absent.
-// hostTierStats is what the host-tier fixtures hold.
+// hostTierStats is what the host-tier fixtures hold: the stores' bytes
+// come from kv_offload_store_bytes or, in 0.11's names, from
+// kv_offload_total_bytes's GPU_to_CPU series alone.
 var hostTierStats = EngineStats{
 	Model:         "Qwen/Qwen3-4B-Instruct-2507",
 	PrefixQueries: 9500, PrefixHits: 720, PromptTokens: 9500, PromptTokensCached: 1680,
-	ExternalQueries: 8780, ExternalHits: 960,
+	ExternalQueries: 8780, ExternalHits: 960, HostStoredBytes: 1.14425856e9,
 	GenerationTokens: 20, RequestSuccess: 5, TTFTSeconds: 1.614795885, TTFTCount: 5,
 	BlockSize: 16, NumGPUBlocks: 400, HostTierGiB: 1,
 	Present: LoadFields | PrefixFields | FieldPromptTokens | FieldPromptTokensCached | FieldGenerationTokens |
 		FieldPreemptions | FieldRequestSuccess | FieldBlockSize | FieldNumGPUBlocks | FieldTTFT |
-		FieldExternalQueries | FieldExternalHits,
+		FieldExternalQueries | FieldExternalHits | FieldHostStoredBytes,
 }
 
+// TestParseNameVariants reads saved /metrics bodies of the servers warden
+// meets: each must give the same kind of stats whatever the series are
+// called, and a series a server does not publish must stay absent.
 func TestParseNameVariants(t *testing.T) {
 	cases := []struct {
 		file string

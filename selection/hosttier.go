@@ -31,11 +31,22 @@ type hostShare struct {
 	lastSent      int64   // sent at the last observation; the poller's alone
 	hits, evicted float64 // decayed sums; the poller's alone
 	share         atomic.Uint64
+	// stored and copied sum the bytes the tier stored and the tokens the
+	// engine computed meanwhile (the poller's alone); tokens is the tier's
+	// size in tokens they give, 0 until known.
+	stored, copied float64
+	tokens         atomic.Int64
 }
+
+// minSizingTokens is how many computed tokens must have been stored before
+// a tier's bytes per token are trusted: a few blocks' worth is skewed by
+// the partial blocks a tier does not store.
+const minSizingTokens = 50000
 
 // observe folds in the interval between the scrapes prev and now; counters
 // that went back (a restarted engine) teach nothing.
 func (h *hostShare) observe(prev, now Load) {
+	h.size(prev, now)
 	sent := h.sent.Load()
 	evicted := float64(sent - h.lastSent)
 	h.lastSent = sent
@@ -52,6 +63,21 @@ func (h *hostShare) observe(prev, now Load) {
 }
 
 func (h *hostShare) value() float64 { return math.Float64frombits(h.share.Load()) }
+
+// size learns the tier's size in tokens: the engine copies the blocks it
+// computes to the tier as they fill, so the bytes stored over the tokens it
+// computed (written, less what the tier itself loaded back) are a token's
+// KV bytes, and the tier's GiB over those is what it holds.
+func (h *hostShare) size(prev, now Load) {
+	stored, computed := now.HostStoredBytes-prev.HostStoredBytes, (now.Written-now.ExternalHits)-(prev.Written-prev.ExternalHits)
+	if now.HostTierGiB <= 0 || stored <= 0 || computed <= 0 {
+		return // no tier, nothing stored, or counters that went back
+	}
+	h.stored, h.copied = h.stored+stored, h.copied+computed
+	if h.copied >= minSizingTokens {
+		h.tokens.Store(int64(now.HostTierGiB * (1 << 30) / (h.stored / h.copied)))
+	}
+}
 
 // evictedAtPin is what of the conversation's last prompt, beyond the
 // shared prefix every replica holds, we believe its pin's GPU evicted (it

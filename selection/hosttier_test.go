@@ -100,3 +100,33 @@ func TestHostTierKeepsTurnsFromReplicasWithoutAFreePlace(t *testing.T) {
 		}
 	}
 }
+
+// A tier's size in tokens is its GiB over the bytes it stored per token
+// the engine computed (less what it loaded back), once enough were stored;
+// without a size, nothing stored, or counters that went back, it stays
+// unknown or as it was.
+func TestHostTierSizeFromTheBytesItStored(t *testing.T) {
+	const perToken = 147456 // Qwen3-4B's KV bytes per token
+	var h hostShare
+	scrape := func(gib, written, loaded, tokensStored float64) Load {
+		return Load{Known: true, HostTierGiB: gib, Written: written, ExternalHits: loaded, HostStoredBytes: tokensStored * perToken}
+	}
+	h.size(scrape(0, 0, 0, 0), scrape(0, 90000, 0, 90000))
+	if got := h.tokens.Load(); got != 0 {
+		t.Fatalf("a tier of unknown size: %d tokens, want 0", got)
+	}
+	h.size(scrape(22, 0, 0, 0), scrape(22, 30000, 0, 30000))
+	if got := h.tokens.Load(); got != 0 {
+		t.Fatalf("30,000 tokens stored: %d tokens, want none before %d", got, minSizingTokens)
+	}
+	// 40,000 more written, 10,000 of them loaded back from the tier (not
+	// stored again), the rest stored: 60,000 computed and stored in all.
+	h.size(scrape(22, 30000, 0, 30000), scrape(22, 70000, 10000, 60000))
+	if got, want := h.tokens.Load(), int64(22*(1<<30)/perToken); got != want {
+		t.Fatalf("22 GiB of %d-byte tokens: %d tokens, want %d", perToken, got, want)
+	}
+	h.size(scrape(22, 70000, 10000, 60000), scrape(22, 100, 0, 100)) // restarted
+	if got, want := h.tokens.Load(), int64(22*(1<<30)/perToken); got != want {
+		t.Fatalf("after counters went back: %d tokens, want %d kept", got, want)
+	}
+}

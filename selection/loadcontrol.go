@@ -113,8 +113,12 @@ func (l loadRouting) Lightest(usable func(string) bool, key uint64, ok func(load
 	return handle(l.v.lightest(usable, key, true, fits))
 }
 
+// KVTokens counts a host tier larger than the GPU cache: what the GPU
+// evicts comes back from it by a copy, so a turn that waits for GPU room
+// there waits for nothing a copy would not give sooner.
 func (l loadRouting) KVTokens(rep loadcontrol.Replica) int {
-	return int(rep.(*replicaState).kvTokens.Load())
+	s := rep.(*replicaState)
+	return int(max(s.kvTokens.Load(), s.host.tokens.Load()))
 }
 
 func (l loadRouting) EstimateTokens(bodyBytes int64) (int, bool) {

@@ -49,8 +49,10 @@ type Load struct {
 	// both 0 without a tier (hosttier.go).
 	ExternalQueries, ExternalHits float64
 	// HostTierGiB is the host tier's size as the engines report it, 0
-	// without one or when they do not say; shown, not used to route.
-	HostTierGiB float64
+	// without one or when they do not say; HostStoredBytes counts the
+	// bytes of KV blocks copied to it, which size it in tokens
+	// (hosttier.go).
+	HostTierGiB, HostStoredBytes float64
 	// At is when the scrape was taken; zero when unknown.
 	At time.Time
 	// Known is false when the metrics are missing, stale or invalid: the

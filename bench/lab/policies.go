@@ -132,7 +132,7 @@ func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
 	}
 	present := allFields
 	if p.HostTier() {
-		present |= metricsfeed.FieldExternalQueries | metricsfeed.FieldExternalHits
+		present |= metricsfeed.FieldExternalQueries | metricsfeed.FieldExternalHits | metricsfeed.FieldHostStoredBytes
 	}
 	return metricsfeed.Scrape{Engines: []metricsfeed.EngineStats{{
 		Running:            st.Running,
@@ -151,6 +151,8 @@ func scrapeOf(st engine.Stats, p engine.Profile) metricsfeed.Scrape {
 		NumGPUBlocks:       p.NumGPUBlocks,
 		ExternalQueries:    float64(st.ExternalPrefixCacheQueries),
 		ExternalHits:       float64(st.ExternalPrefixCacheHits),
+		HostStoredBytes:    st.Offload[engine.GPUToCPU].Bytes,
+		HostTierGiB:        p.KVOffloadingSize,
 		Present:            present,
 	}}}
 }
