@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -33,50 +34,77 @@ type Sim struct {
 }
 
 // StartSims runs the simulated vLLM fleet: one server per replica, or one
-// server with internal data parallelism.
+// server with internal data parallelism. Ports are found free and then
+// given to the simulator, so another process on the machine can take one
+// in between: a simulator that exits at start is started again on new
+// ports, a few times, before its failure counts.
 func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
-	servers, ranks := o.Replicas, 1
+	servers := o.Replicas
 	if o.Topology == TopologyRanks {
-		servers, ranks = 1, o.Replicas
+		servers = 1
 	}
 	var sims []*Sim
 	for i := range servers {
-		addr, err := caddyproc.FreeAddr()
-		if err != nil {
-			StopSims(sims)
-			return nil, err
+		s, err := newSim(bin, o, i)
+		if err == nil {
+			err = s.start()
 		}
-		_, port, _ := net.SplitHostPort(addr)
-		s := &Sim{Addr: addr, bin: bin, log: o.logWriter(), args: append([]string{
-			"--port", port,
-			"--id", "r" + strconv.Itoa(i),
-			"--data-parallel-size", strconv.Itoa(ranks),
-			"--time-scale", strconv.FormatFloat(o.TimeScale, 'f', -1, 64),
-			"--seed", strconv.FormatUint(o.Seed, 10),
-			"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
-		}, o.SimArgs...)}
-		// As vLLM does, rank r publishes on the endpoint's port + r.
-		events, err := freePortRun(ranks)
 		if err != nil {
-			StopSims(sims)
-			return nil, err
-		}
-		s.KVEvents = "tcp://" + events
-		s.args = append(s.args, "--kv-events-config",
-			fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": %q, "topic": %q}`, s.KVEvents, kvEventsTopic))
-		if err := s.start(); err != nil {
 			StopSims(sims)
 			return nil, err
 		}
 		sims = append(sims, s)
 	}
-	for _, s := range sims {
-		if err := s.WaitHealthy(ctx); err != nil {
+	for i, s := range sims {
+		err := s.WaitHealthy(ctx)
+		for tries := 1; errors.Is(err, errExitedAtStart) && tries < 3; tries++ {
+			if s, err = newSim(bin, o, i); err == nil {
+				if err = s.start(); err == nil {
+					sims[i] = s
+					err = s.WaitHealthy(ctx)
+				}
+			}
+		}
+		if err != nil {
 			StopSims(sims)
 			return nil, err
 		}
 	}
 	return sims, nil
+}
+
+// errExitedAtStart is WaitHealthy's error for a simulator that exited
+// before it answered.
+var errExitedAtStart = errors.New("exited at start")
+
+// newSim prepares replica i's simulator on free ports, not started.
+func newSim(bin string, o Options, i int) (*Sim, error) {
+	ranks := 1
+	if o.Topology == TopologyRanks {
+		ranks = o.Replicas
+	}
+	addr, err := caddyproc.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	s := &Sim{Addr: addr, bin: bin, log: o.logWriter(), args: append([]string{
+		"--port", port,
+		"--id", "r" + strconv.Itoa(i),
+		"--data-parallel-size", strconv.Itoa(ranks),
+		"--time-scale", strconv.FormatFloat(o.TimeScale, 'f', -1, 64),
+		"--seed", strconv.FormatUint(o.Seed, 10),
+		"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
+	}, o.SimArgs...)}
+	// As vLLM does, rank r publishes on the endpoint's port + r.
+	events, err := freePortRun(ranks)
+	if err != nil {
+		return nil, err
+	}
+	s.KVEvents = "tcp://" + events
+	s.args = append(s.args, "--kv-events-config",
+		fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": %q, "topic": %q}`, s.KVEvents, kvEventsTopic))
+	return s, nil
 }
 
 // freePortRun returns a loopback address whose port and the n-1 after it
@@ -140,7 +168,7 @@ func (s *Sim) WaitHealthy(ctx context.Context) error {
 	for time.Now().Before(deadline) {
 		select {
 		case <-s.done:
-			return fmt.Errorf("vllmsim on %s exited at start", s.Addr)
+			return fmt.Errorf("vllmsim on %s: %w", s.Addr, errExitedAtStart)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
