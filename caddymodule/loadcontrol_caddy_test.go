@@ -67,6 +67,50 @@ func holdTurn(t *testing.T, f *fleet, conv string) (end func()) {
 	return end
 }
 
+// engage makes load control hold turns, as it does once a turn lacks room:
+// held conversations run, each on its first turn, and lacking more arrive
+// and wait; then the waiting ones leave and the held ones end their tasks,
+// leaving the replicas empty. The fleet's capacity must leave no room for
+// the lacking ones beside the held ones.
+func engage(t *testing.T, f *fleet, held, lacking int) {
+	t.Helper()
+	gate, open := newGate(t)
+	var running []<-chan answer
+	for i := range held {
+		running = append(running, sendAsync(context.Background(), f, fmt.Sprint("engage-held-", i), gateHeader, gate, stopReasonHeader, "end_turn"))
+		testrun.Eventually(t, 10*time.Second, "the held conversation resident", func() bool { return residents(f.status(t)) == i+1 })
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var waiting []<-chan answer
+	for i := range lacking {
+		waiting = append(waiting, sendTurnAsync(ctx, f, fmt.Sprint("engage-lacking-", i)))
+		waitingIs(t, f, i+1)
+	}
+	if st := f.status(t).LoadControl; st.SteppedAside {
+		t.Fatalf("load_control %+v with turns lacking room, want engaged", st)
+	}
+	cancel()
+	for _, done := range waiting {
+		<-done
+	}
+	open()
+	for _, done := range running {
+		if a := <-done; a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("a held conversation: %+v", a)
+		}
+	}
+	testrun.Eventually(t, 10*time.Second, "the held conversations gone", func() bool { return residents(f.status(t)) == 0 })
+}
+
+// residents counts the conversations resident on any replica.
+func residents(st panel.ModelStatus) int {
+	n := 0
+	for _, rep := range st.Replicas {
+		n += rep.Residents
+	}
+	return n
+}
+
 // answer is what a client got for a turn.
 type answer struct {
 	status     int
@@ -79,8 +123,14 @@ type answer struct {
 
 // sendTurn sends a turn of conv and reads the answer to its end.
 func sendTurn(ctx context.Context, f *fleet, conv string) answer {
+	return send(ctx, f, conv, stopReasonHeader, "tool_use")
+}
+
+// send sends a turn of conv with these headers and reads the answer to its
+// end.
+func send(ctx context.Context, f *fleet, conv string, header ...string) answer {
 	start := time.Now()
-	resp, err := f.send(ctx, conv, stopReasonHeader, "tool_use")
+	resp, err := f.send(ctx, conv, header...)
 	if err != nil {
 		return answer{err: err, took: time.Since(start), at: time.Now()}
 	}
@@ -92,8 +142,13 @@ func sendTurn(ctx context.Context, f *fleet, conv string) answer {
 
 // sendTurnAsync is sendTurn in its own goroutine.
 func sendTurnAsync(ctx context.Context, f *fleet, conv string) <-chan answer {
+	return sendAsync(ctx, f, conv, stopReasonHeader, "tool_use")
+}
+
+// sendAsync is send in its own goroutine.
+func sendAsync(ctx context.Context, f *fleet, conv string, header ...string) <-chan answer {
 	out := make(chan answer, 1)
-	go func() { out <- sendTurn(ctx, f, conv) }()
+	go func() { out <- send(ctx, f, conv, header...) }()
 	return out
 }
 
@@ -291,6 +346,8 @@ func TestLoadControlMaxWaitSendsTheTurnAnyway(t *testing.T) {
 func TestLoadControlStepsAsideForLateConversations(t *testing.T) {
 	backend := startFakeVLLM(t, "a", 1)
 	f := startFleetWith(t, loadControlSetup(map[string]any{"linger": "100ms", "max_wait": "3s"}), backend)
+	engage(t, f, 1, 3)
+	engaged := f.status(t).LoadControl
 	for i := 0; !f.status(t).LoadControl.SteppedAside; i++ {
 		if i == 20 {
 			t.Fatalf("not stepped aside after 20 turns back after their linger: %+v", f.status(t).LoadControl)
@@ -302,14 +359,14 @@ func TestLoadControlStepsAsideForLateConversations(t *testing.T) {
 			return f.status(t).Replicas[0].Residents == 0
 		})
 	}
-	if st := f.status(t).LoadControl; st.LateShare <= 0.5 || st.Queued != 0 {
+	if st := f.status(t).LoadControl; st.LateShare <= 0.5 || st.Queued != engaged.Queued {
 		t.Errorf("load_control %+v, want late_share over a half and no turn queued", st)
 	}
 	holdTurn(t, f, "resident")
 	if a := sendTurn(context.Background(), f, "next"); a.err != nil || a.status != http.StatusOK {
 		t.Fatalf("the next turn: %+v", a)
 	}
-	if st := f.status(t).LoadControl; st.Queued != 0 || !st.SteppedAside {
+	if st := f.status(t).LoadControl; st.Queued != engaged.Queued || !st.SteppedAside {
 		t.Errorf("load_control %+v, want nothing queued while stepped aside", st)
 	}
 }
@@ -338,19 +395,22 @@ func TestLoadControlOffHoldsNothing(t *testing.T) {
 	}
 }
 
-// With stagger, a replica filling from empty takes a new conversation at
-// most once per stagger, though its cache has room for all: the second
-// conversation waits for the first's stagger, the third for the second's,
-// and a turn of a resident conversation is never held.
+// With stagger, once load control holds turns, a replica filling from
+// empty takes a new conversation at most once per stagger, though it has
+// room for all (three, min_residents): the second conversation waits for
+// the first's stagger, the third for the second's, and a turn of a
+// resident conversation is never held.
 func TestLoadControlStaggersNewConversations(t *testing.T) {
 	const stagger = 2 * time.Second
 	backend := startFakeVLLM(t, "a", 1)
-	f := startFleetWith(t, loadControlWith(map[string]any{"capacity_tokens": 1000000, "linger": "1m", "stagger": "2s"}), backend)
+	f := startFleetWith(t, loadControlWith(map[string]any{"capacity_tokens": 1, "fill": 1, "min_residents": 3, "linger": "1m", "stagger": "2s"}), backend)
 	if st := f.status(t).LoadControl; st.StaggerSeconds != 2 {
 		t.Fatalf("stagger_s %v, want 2", st.StaggerSeconds)
 	}
+	engage(t, f, 3, 1)
+	engaged := f.status(t).LoadControl
 	start := time.Now()
-	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || f.status(t).LoadControl.Queued != 0 {
+	if a := sendTurn(context.Background(), f, "first"); a.err != nil || a.status != http.StatusOK || f.status(t).LoadControl.Queued != engaged.Queued {
 		t.Fatalf("the first conversation on an empty replica: %+v, want served at once (none queued: %+v)", a, f.status(t).LoadControl)
 	}
 	if next := f.status(t).Replicas[0].NextNewcomer; next == nil || next.Before(time.Now()) || next.After(time.Now().Add(stagger)) {
@@ -375,7 +435,7 @@ func TestLoadControlStaggersNewConversations(t *testing.T) {
 		}
 	}
 	st := f.status(t)
-	if lc := st.LoadControl; lc.Queued != 2 || lc.Forced != 0 || st.Replicas[0].Residents != 3 {
+	if lc := st.LoadControl; lc.Queued != engaged.Queued+2 || lc.Forced != 0 || st.Replicas[0].Residents != 3 {
 		t.Errorf("load_control %+v, %d residents; want the two newcomers queued, all three resident", lc, st.Replicas[0].Residents)
 	}
 }

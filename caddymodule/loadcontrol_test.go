@@ -45,13 +45,14 @@ func TestLoadControlStatus(t *testing.T) {
 			MaxWait: caddy.Duration(time.Minute), MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
 			FillMin: 0.7, FillMax: 0.9, Touch: true, FlowHeader: "X-Team"},
 			want: panel.LoadControlStatus{Enabled: true, Fill: 0.8, LingerSeconds: 3, MaxWaitSeconds: 60, MaxQueue: 8, CapacityTokens: 1000, Quantum: -1, MinResidents: 3,
-				FillMin: 0.7, FillMax: 0.9, Touch: true, FlowHeader: "X-Team",
+				FillMin: 0.7, FillMax: 0.9, Touch: true, FlowHeader: "X-Team", SteppedAside: true,
 				SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken}},
 			capacity: 1000},
 		{name: "lc-unknown", lc: &LoadControlConfig{Enabled: true}, noMetrics: true, noCapacity: true, want: panel.LoadControlStatus{
 			Enabled: true, Fill: loadcontrol.DefaultFill, LingerSeconds: loadcontrol.DefaultLinger.Seconds(),
 			MaxWaitSeconds: loadcontrol.DefaultWait.Seconds(), MaxQueue: loadcontrol.DefaultQueue,
 			Quantum: loadcontrol.DefaultQuantum, MinResidents: loadcontrol.DefaultMinResidents,
+			SteppedAside:       true, // no turn has lacked room yet
 			SharedPrefixSource: "unknown", Replies: panel.ReplyUsageStatus{BytesPerToken: selection.BytesPerToken},
 		}},
 	} {
@@ -329,7 +330,7 @@ func TestSelectLoadControlOff(t *testing.T) {
 			t.Errorf("an unkeyed turn: %q, want routed", addr)
 		}
 	}
-	if st := on.admission(); st != (loadcontrol.Status{Enabled: true, BytesPerToken: selection.BytesPerToken}) {
+	if st := on.admission(); st != (loadcontrol.Status{Enabled: true, BytesPerToken: selection.BytesPerToken, SteppedAside: true}) {
 		t.Errorf("unkeyed turns counted: %+v", st)
 	}
 }

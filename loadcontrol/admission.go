@@ -176,6 +176,8 @@ type resident struct {
 	// taskEnded: the reply of its latest own turn (not a side call) to end
 	// ended the agent's task; whichever turn ends last acts on it.
 	taskEnded bool
+	// unheld: its residency opened while load control stood aside.
+	unheld bool
 }
 
 // Gate is one model's load-control state; it outlives config loads, as
@@ -207,7 +209,16 @@ type Gate struct {
 	// ones weighing most; aside is set once it is over asideAbove and
 	// cleared once it is below holdAgainBelow (aside.go).
 	lateShare float64
-	aside     atomic.Bool
+	lateAside bool
+	// lackShare is the share of turns arriving without residency that
+	// would have found no room, recent ones weighing most; engaged is set
+	// from its first lack and cleared once it falls below stepAsideBelow
+	// (aside.go).
+	lackShare float64
+	engaged   bool
+	// aside: load control holds no turn, as not engaged or as most
+	// conversations come back late.
+	aside atomic.Bool
 	// expiries are the residencies that expired recently, oldest first,
 	// and expired finds a conversation's, to count its return late
 	// (aside.go).
@@ -224,10 +235,12 @@ type Gate struct {
 type TokenCounts struct{ Prompt, Cached uint64 }
 
 func NewGate() *Gate {
-	return &Gate{residents: map[uint64]*resident{}, held: map[Replica]residency{},
+	g := &Gate{residents: map[uint64]*resident{}, held: map[Replica]residency{},
 		staggering: map[Replica]staggering{}, expired: map[uint64]*list.Element{},
 		owed: map[Replica]*departure{}, fill: map[Replica]*fillState{}, idleOn: map[Replica]*list.List{},
 		fair: newFairQueue()}
+	g.aside.Store(true) // until a turn lacks room (aside.go)
+	return g
 }
 
 // Body is a request body's size as the proxy knows it.
@@ -263,6 +276,9 @@ func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
 	if g.residents[key] == nil {
 		g.noteLateReturn(key, now.UnixNano())
 		v.routing.NoteRequestPrefix(key, body.Prefix)
+	}
+	if g.rides(t) == nil {
+		g.noteLack(v.lacksRoom(t))
 	}
 	switch res := g.rides(t); {
 	case res != nil:
@@ -377,6 +393,9 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 		if t.res.running == 0 {
 			underestimated = t.assumed && float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
 			g.resize(t.res, reply.PromptTokens)
+			if t.view.overShare(t.res.rep) {
+				g.noteLack(true) // its residents outgrew their share (aside.go)
+			}
 		}
 	}
 	if t.res.running == 0 {
@@ -389,6 +408,8 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 			g.drop(t.res, now.UnixNano()) // its quantum is used up and others wait: it yields
 		case underestimated && !t.view.fits(t.res.rep):
 			g.drop(t.res, now.UnixNano()) // admitted on a size too small, it overfills its replica
+		case t.res.unheld && !g.aside.Load() && t.view.overflows(t.res.rep):
+			g.drop(t.res, now.UnixNano()) // let in while load control stood aside, it overflows its replica (aside.go)
 		default:
 			t.res.idleSince = now.UnixNano()
 			g.pushIdle(t.res)
@@ -492,7 +513,7 @@ func (g *Gate) admit(t *Ticket, rep Replica) {
 	res := g.residents[t.key]
 	t.side = res != nil && sideCall(t, res)
 	if res == nil {
-		res = &resident{key: t.key}
+		res = &resident{key: t.key, unheld: g.aside.Load()}
 		g.residents[t.key] = res
 		t.opened = true
 	} else {
@@ -730,22 +751,31 @@ func (v *View) hasRoom(s Replica, tokens int) bool {
 	return v.room(s, v.gate.held[s], tokens)
 }
 
-// roomFor is hasRoom for t's turn, whose conversation, resident on s (a
-// turn that outgrew its residency), counts at t's size only.
+// roomFor is hasRoom for t's turn.
 func (v *View) roomFor(s Replica, t *Ticket) bool {
+	return v.room(s, v.heldBesides(s, t), t.tokens)
+}
+
+// heldBesides is what s holds besides t's conversation, which, resident on
+// s (a turn that outgrew its residency), counts at t's size only.
+func (v *View) heldBesides(s Replica, t *Ticket) residency {
 	held := v.gate.held[s]
 	if res := v.gate.residents[t.key]; res != nil && res.rep == s {
 		held.count--
 		held.tokens -= res.tokens
 	}
-	return v.room(s, held, t.tokens)
+	return held
 }
 
 // room reports whether s, holding held, has room for a prompt of tokens
 // more.
 func (v *View) room(s Replica, held residency, tokens int) bool {
-	g := v.gate
-	if n, _ := held.with(tokens); n <= v.cfg.MinResidents || g.aside.Load() {
+	return v.gate.aside.Load() || v.roomHolding(s, held, tokens)
+}
+
+// roomHolding is room as load control judges it while it holds turns.
+func (v *View) roomHolding(s Replica, held residency, tokens int) bool {
+	if n, _ := held.with(tokens); n <= v.cfg.MinResidents {
 		return true
 	}
 	capacity := v.capacityOf(s)

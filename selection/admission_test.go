@@ -12,9 +12,9 @@ import (
 // replica takes a second conversation only if it fits, and a conversation
 // lingers 10s after its turn.
 func admissionRouter(maxQueue int) testRouter {
-	return newTestRouter(2, Config{Admission: loadcontrol.Config{
+	return holding(newTestRouter(2, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: 10 * time.Second, MaxQueue: maxQueue,
-	}})
+	}}))
 }
 
 // admitKey is Admit for a turn of the conversation key, in flow 0.
@@ -299,9 +299,9 @@ func TestEstimateTokensOfAnUnknownSize(t *testing.T) {
 // for as long as its residents stay; one sized right stays, and so does one
 // sized at the learned bytes per token.
 func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
+	r := holding(newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1, Linger: time.Minute, Quantum: -1,
-	}})
+	}}))
 	a := r.admitKey(HashKey("a"), loadcontrol.Body{Bytes: 240}, nil, t0, nil) // 60 tokens at 4 bytes per token
 	b := r.admitKey(HashKey("b"), loadcontrol.Body{Bytes: 160}, nil, t0, nil) // 40
 	mustState(t, a, loadcontrol.Admitted)
@@ -328,7 +328,7 @@ func TestAdmissionUnderestimatedOverflowYields(t *testing.T) {
 // leaves the replica's cache its size. With every replica unhealthy, turns
 // go as they would without load control.
 func TestAdmissionPlacesOnHealthyReplicas(t *testing.T) {
-	r := newTestRouter(2, Config{Admission: loadcontrol.Config{Enabled: true, Fill: 1, MinResidents: 1, Linger: 10 * time.Second}})
+	r := holding(newTestRouter(2, Config{Admission: loadcontrol.Config{Enabled: true, Fill: 1, MinResidents: 1, Linger: 10 * time.Second}}))
 	for _, rep := range r.Replicas() {
 		r.SetLoad(rep.ID, Load{Known: true, KVTokens: 100})
 	}

@@ -17,7 +17,14 @@ type asideRouter struct {
 
 func newAsideRouter(cfg loadcontrol.Config) *asideRouter {
 	cfg.Enabled, cfg.CapacityTokens, cfg.Fill, cfg.Linger = true, 100, 1, 10*time.Second
-	return &asideRouter{testRouter: newTestRouter(2, Config{Admission: cfg}), now: t0}
+	return &asideRouter{testRouter: holding(newTestRouter(2, Config{Admission: cfg})), now: t0}
+}
+
+// holding engages r's load control as many turns that lacked room would
+// (aside.go), for the tests of how it holds turns.
+func holding(r testRouter) testRouter {
+	r.gate.Engage()
+	return r
 }
 
 func (r *asideRouter) admit(key string, tokens int) *loadcontrol.Ticket {
@@ -265,4 +272,80 @@ func residentsOn(r testRouter) map[string]int {
 		out[rs.ID] = rs.Residents
 	}
 	return out
+}
+
+// farmRouter is two replicas of 1000 tokens with the farm preset's pacing
+// (stagger, touch, no quantum), not yet engaged.
+func farmRouter() testRouter {
+	return newTestRouter(2, Config{Admission: loadcontrol.Config{
+		Enabled: true, CapacityTokens: 1000, Fill: 1, MinResidents: 1, Linger: 10 * time.Second,
+		Quantum: -1, Stagger: 15 * time.Second, Touch: true,
+	}})
+}
+
+// While every conversation finds room, load control stands aside: it
+// neither holds a turn nor paces new conversations (stagger, touch), and
+// the replicas' residents are tracked meanwhile.
+func TestAdmissionStandsAsideWhileEverythingFits(t *testing.T) {
+	r := farmRouter()
+	var tickets []*loadcontrol.Ticket
+	for i := range 8 { // 8 × 200 tokens on 2 × 1000
+		tk := r.admitKey(HashKey(fmt.Sprintf("c%d", i)), loadcontrol.Body{Bytes: 200 * BytesPerToken}, nil, t0, nil)
+		mustState(t, tk, loadcontrol.Admitted)
+		tickets = append(tickets, tk)
+	}
+	tickets[0].End(t0.Add(time.Second), loadcontrol.Reply{TaskEnded: true}) // a departure: touch would wait for the idle
+	mustState(t, r.admitKey(HashKey("c8"), loadcontrol.Body{Bytes: 200 * BytesPerToken}, nil, t0.Add(time.Second), nil), loadcontrol.Admitted)
+	st := r.Status()
+	if !st.Admission.SteppedAside || st.Admission.Queued != 0 {
+		t.Errorf("%+v, want stepped aside, none queued", st.Admission)
+	}
+	held := 0
+	for _, rep := range st.Replicas {
+		held += rep.Residents
+		if !rep.NextNewcomer.IsZero() {
+			t.Errorf("replica %s paced until %v while everything fits", rep.ID, rep.NextNewcomer)
+		}
+	}
+	if held != 8 {
+		t.Errorf("%d residents tracked, want 8", held)
+	}
+}
+
+// The first turn that would find room on no replica engages load control:
+// it waits, and from then on the replicas are paced; once the turns
+// arriving without residency find room again, load control stands aside.
+func TestAdmissionEngagesWhileTurnsLackRoom(t *testing.T) {
+	r := farmRouter()
+	now := t0
+	admit := func(key string, tokens int) *loadcontrol.Ticket {
+		return r.admitKey(HashKey(key), loadcontrol.Body{Bytes: int64(tokens * BytesPerToken)}, nil, now, nil)
+	}
+	var first []*loadcontrol.Ticket
+	for i := range 4 {
+		tk := admit(fmt.Sprintf("c%d", i), 500)
+		mustState(t, tk, loadcontrol.Admitted)
+		first = append(first, tk)
+	}
+	waits := admit("over", 500)
+	mustState(t, waits, loadcontrol.Waiting)
+	if st := r.Status(); st.Admission.SteppedAside || st.Replicas[0].NextNewcomer.IsZero() && st.Replicas[1].NextNewcomer.IsZero() {
+		t.Fatalf("%+v after a turn lacked room, want engaged and paced", st)
+	}
+	waits.Cancel(now)
+	// The four end their tasks; small conversations come and go, finding
+	// room, until load control stands aside again.
+	now = now.Add(time.Second)
+	for _, tk := range first {
+		tk.End(now, loadcontrol.Reply{TaskEnded: true})
+	}
+	for i := 0; !r.Status().Admission.SteppedAside; i++ {
+		if i == 20 {
+			t.Fatalf("still engaged after 20 turns that found room: %+v", r.Status().Admission)
+		}
+		now = now.Add(time.Minute) // past stagger and linger
+		tk := admit(fmt.Sprintf("small-%d", i), 100)
+		mustState(t, tk, loadcontrol.Admitted)
+		tk.End(now, loadcontrol.Reply{TaskEnded: true})
+	}
 }

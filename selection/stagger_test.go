@@ -11,9 +11,9 @@ import (
 // Stagger; the one it holds then keeps coming, and once a resident has
 // left, or the replica has emptied, newcomers are taken as room frees.
 func TestStaggerPacesAFillingReplica(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
+	r := holding(newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
-	}})
+	}}))
 	var ready []string
 	admit := func(key string, at time.Duration) *loadcontrol.Ticket {
 		return r.admitKey(HashKey(key), loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil, t0.Add(at), func() { ready = append(ready, key) })
@@ -57,9 +57,9 @@ func TestNoStaggerFillsAtOnce(t *testing.T) {
 // A replica that emptied fills anew: staggered again, its first newcomer
 // at once.
 func TestStaggerAgainAfterAReplicaEmptied(t *testing.T) {
-	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
+	r := holding(newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
-	}})
+	}}))
 	a := r.admitKey(HashKey("a"), loadcontrol.Body{Bytes: 400}, nil, t0, nil)
 	r.Sweep(t0.Add(15 * time.Second))
 	b := r.admitKey(HashKey("b"), loadcontrol.Body{Bytes: 400}, nil, t0.Add(15*time.Second), nil)
@@ -75,9 +75,9 @@ func TestStaggerAgainAfterAReplicaEmptied(t *testing.T) {
 // a stagger of 15 s, a clock in seconds, and a way to send a turn of key at
 // second s.
 func staggeredReplica() (testRouter, func(s int) time.Time, func(key string, s int) *loadcontrol.Ticket) {
-	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
+	r := holding(newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Stagger: 15 * time.Second,
-	}})
+	}}))
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	admit := func(key string, s int) *loadcontrol.Ticket {
 		return r.admitKey(HashKey(key), loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil, at(s), nil)

@@ -18,9 +18,9 @@ func touchReplica(t *testing.T, touch bool) (testRouter, func(s int) time.Time) 
 // touchReplicaStaggered is touchReplica with a stagger.
 func touchReplicaStaggered(t *testing.T, touch bool, stagger time.Duration) (testRouter, func(s int) time.Time) {
 	t.Helper()
-	r := newTestRouter(1, Config{Admission: loadcontrol.Config{
+	r := holding(newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, Linger: time.Minute, Quantum: -1, Touch: touch, Stagger: stagger,
-	}})
+	}}))
 	sec := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	var tickets []*loadcontrol.Ticket
 	for _, key := range []string{"a", "b", "c"} {
