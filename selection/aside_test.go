@@ -274,10 +274,10 @@ func residentsOn(r testRouter) map[string]int {
 	return out
 }
 
-// farmRouter is two replicas of 1000 tokens with the farm preset's pacing
+// farmRouter is n replicas of 1000 tokens with the farm preset's pacing
 // (stagger, touch, no quantum), not yet engaged.
-func farmRouter() testRouter {
-	return newTestRouter(2, Config{Admission: loadcontrol.Config{
+func farmRouter(n int) testRouter {
+	return newTestRouter(n, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: 1000, Fill: 1, MinResidents: 1, Linger: 10 * time.Second,
 		Quantum: -1, Stagger: 15 * time.Second, Touch: true,
 	}})
@@ -287,7 +287,7 @@ func farmRouter() testRouter {
 // neither holds a turn nor paces new conversations (stagger, touch), and
 // the replicas' residents are tracked meanwhile.
 func TestAdmissionStandsAsideWhileEverythingFits(t *testing.T) {
-	r := farmRouter()
+	r := farmRouter(2)
 	var tickets []*loadcontrol.Ticket
 	for i := range 8 { // 8 × 200 tokens on 2 × 1000
 		tk := r.admitKey(HashKey(fmt.Sprintf("c%d", i)), loadcontrol.Body{Bytes: 200 * BytesPerToken}, nil, t0, nil)
@@ -316,7 +316,7 @@ func TestAdmissionStandsAsideWhileEverythingFits(t *testing.T) {
 // it waits, and from then on the replicas are paced; once the turns
 // arriving without residency find room again, load control stands aside.
 func TestAdmissionEngagesWhileTurnsLackRoom(t *testing.T) {
-	r := farmRouter()
+	r := farmRouter(2)
 	now := t0
 	admit := func(key string, tokens int) *loadcontrol.Ticket {
 		return r.admitKey(HashKey(key), loadcontrol.Body{Bytes: int64(tokens * BytesPerToken)}, nil, now, nil)
@@ -348,4 +348,39 @@ func TestAdmissionEngagesWhileTurnsLackRoom(t *testing.T) {
 		mustState(t, tk, loadcontrol.Admitted)
 		tk.End(now, loadcontrol.Reply{TaskEnded: true})
 	}
+}
+
+// Conversations let in while load control stood aside grow together: the
+// reply that takes their replica past its share engages load control, and
+// the conversation whose replica they then overflow yields at the end of
+// its turn; one admitted while it held turns stays, as
+// TestAdmissionUnderestimatedOverflowYields shows.
+func TestAdmissionEngagesWhenResidentsOutgrowTheirShare(t *testing.T) {
+	r := farmRouter(1)
+	// A reply teaches the bytes per token: the turns below are not sized
+	// on assumed ones, which would make an underestimate yield.
+	r.admitKey(HashKey("teaches"), loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil, t0, nil).End(t0, loadcontrol.Reply{PromptTokens: 100, TaskEnded: true})
+	var tickets []*loadcontrol.Ticket
+	for i := range 2 { // two of 400 tokens on a replica of 1000
+		tk := r.admitKey(HashKey(fmt.Sprintf("c%d", i)), loadcontrol.Body{Bytes: 400 * BytesPerToken}, nil, t0, nil)
+		mustState(t, tk, loadcontrol.Admitted)
+		tickets = append(tickets, tk)
+	}
+	tickets[0].End(t0.Add(time.Second), loadcontrol.Reply{PromptTokens: 500}) // 900: within the cache
+	if st := r.Status().Admission; !st.SteppedAside {
+		t.Fatalf("%+v with every replica within its share, want stepped aside", st)
+	}
+	tickets[1].End(t0.Add(time.Second), loadcontrol.Reply{PromptTokens: 700}) // 1,200: over
+	st := r.Status()
+	if st.Admission.SteppedAside {
+		t.Fatalf("%+v once a replica's residents outgrew it, want engaged", st.Admission)
+	}
+	residents := 0
+	for _, rep := range st.Replicas {
+		residents += rep.Residents
+	}
+	if residents != 1 {
+		t.Errorf("%d residents, want 1: the one whose reply overflowed its replica yields", residents)
+	}
+	mustState(t, r.admitKey(HashKey("c1"), loadcontrol.Body{Bytes: 700 * BytesPerToken}, nil, t0.Add(2*time.Second), nil), loadcontrol.Waiting)
 }
