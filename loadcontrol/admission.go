@@ -178,6 +178,9 @@ type resident struct {
 	taskEnded bool
 	// unheld: its residency opened while load control stood aside.
 	unheld bool
+	// placing is its first turn while the routing places it (load control
+	// standing aside): the turn's placedBeside follows the pin.
+	placing *Ticket
 }
 
 // Gate is one model's load-control state; it outlives config loads, as
@@ -370,6 +373,9 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	t.state = Gone
 	t.res.running--
+	if t.res.placing == t {
+		t.res.placing = nil
+	}
 	// A turn its conversation has since outgrown (a title that opened the
 	// residency) is a side call by now.
 	side := t.side || sideCall(t, t.res)
@@ -728,6 +734,13 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 		return false
 	}
 	t.placedBeside = g.held[s].count > 0
+	if g.aside.Load() {
+		// Standing aside, it leaves the placement to the routing, as
+		// without load control: the residency follows the pin (follow).
+		g.admit(t, s)
+		t.res.placing = t
+		return true
+	}
 	g.tookNewcomer(s, now)
 	g.admit(t, s)
 	v.routing.Settle(t.key, s, now)

@@ -216,6 +216,9 @@ func (v *View) Follow(key uint64, now int64) {
 	if pin == nil || pin == res.rep {
 		return
 	}
+	if res.placing != nil {
+		res.placing.placedBeside = g.held[pin].count > 0
+	}
 	g.hold(res, -1)
 	g.residentLeft(res.rep)
 	g.moveTo(res, pin)

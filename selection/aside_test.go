@@ -384,3 +384,22 @@ func TestAdmissionEngagesWhenResidentsOutgrowTheirShare(t *testing.T) {
 	}
 	mustState(t, r.admitKey(HashKey("c1"), loadcontrol.Body{Bytes: 700 * BytesPerToken}, nil, t0.Add(2*time.Second), nil), loadcontrol.Waiting)
 }
+
+// Standing aside, load control leaves a new conversation's placement to the
+// routing, as without it: the conversation is placed by its first Pick,
+// wherever that is, and its residency follows it there.
+func TestAdmissionAsideLeavesPlacementToTheRouting(t *testing.T) {
+	r := farmRouter(2)
+	for _, rep := range r.Replicas() {
+		key := "to-" + rep.ID
+		mustState(t, r.admitKey(HashKey(key), loadcontrol.Body{Bytes: 100 * BytesPerToken}, nil, t0, nil), loadcontrol.Admitted)
+		d := r.Pick(Request{Key: key, PromptTokens: 100, Now: t0, Usable: func(id string) bool { return id == rep.ID }})
+		d.Release()
+		if d.Outcome != Placed || id(d) != rep.ID {
+			t.Errorf("%s: %v on %s, want placed there by its first Pick", key, d.Outcome, id(d))
+		}
+		if on := residentsOn(r); on[rep.ID] != 1 {
+			t.Errorf("%s: residents by replica %v, want its residency on %s with its pin", key, on, rep.ID)
+		}
+	}
+}

@@ -10,11 +10,12 @@ import (
 )
 
 // sharedRouter is one replica whose cache holds capacity tokens; a replica
-// takes a second conversation only if it fits, and residents stay.
+// takes a second conversation only if it fits, and residents stay. Load
+// control holds turns: it places new conversations itself.
 func sharedRouter(capacity int) testRouter {
-	return newTestRouter(1, Config{Admission: loadcontrol.Config{
+	return holding(newTestRouter(1, Config{Admission: loadcontrol.Config{
 		Enabled: true, CapacityTokens: capacity, Fill: 1, MinResidents: 1, Linger: time.Hour, Quantum: -1,
-	}})
+	}}))
 }
 
 // endTurn admits a 60-token turn of key and ends it with its reply.
