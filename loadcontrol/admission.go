@@ -838,11 +838,13 @@ type Status struct {
 	// works when the first find most of their prompt cached.
 	Resident, NonResident TokenCounts
 	// LateShare is the share of idle residents whose residency expired
-	// rather than their conversation came back, recent ones weighing most;
-	// SteppedAside is set once it is over 0.5 and cleared once it is below
-	// 0.35; every turn is admitted at once meanwhile (aside.go).
-	LateShare    float64
-	SteppedAside bool
+	// rather than their conversation came back, and LackShare the share of
+	// turns that lacked room, recent ones weighing most; SteppedAside is
+	// set until a turn lacks room and once LackShare is below 1/32, and
+	// while LateShare is over 0.5 (cleared below 0.35); every turn is
+	// admitted at once meanwhile (aside.go).
+	LateShare, LackShare float64
+	SteppedAside         bool
 	// SharedPrefix is the prefix, in tokens, new conversations share with
 	// others, counted once per replica, and SharedPrefixSource where it was
 	// read (sharedprefix.go).
@@ -877,7 +879,7 @@ func (v *View) Status(st *Status, flows *FlowsStatus) map[Replica]ReplicaStatus 
 		SideCalls: g.sideCalls,
 		Replies:   g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.routing.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
-		LateShare: g.lateShare, SteppedAside: v.on && g.aside.Load(),
+		LateShare: g.lateShare, LackShare: g.lackShare, SteppedAside: v.on && g.aside.Load(),
 	}
 	st.SharedPrefix, st.SharedPrefixSource = v.routing.SharedPrefix()
 	*flows = g.fair.table.flowStatus()

@@ -92,11 +92,14 @@ type LoadControlStatus struct {
 	// Waiting is the number of turns held now.
 	Waiting int `json:"waiting"`
 	// LateShare is the share of idle residents whose residency expired
-	// before their conversation came back, recent ones weighing most;
-	// SteppedAside is set once it is over 0.5 and cleared once it is below
-	// 0.35 (selection/aside.go): every turn is admitted at once meanwhile,
-	// since residency keeps no cache across such pauses.
+	// before their conversation came back, and LackShare the share of
+	// turns that lacked room, recent ones weighing most; SteppedAside is
+	// set until a turn lacks room and once LackShare is below 1/32, and
+	// while LateShare is over 0.5 (cleared below 0.35) (selection/aside.go):
+	// every turn is admitted at once meanwhile, since holding keeps no
+	// cache then.
 	LateShare    float64 `json:"late_share"`
+	LackShare    float64 `json:"lack_share"`
 	SteppedAside bool    `json:"stepped_aside"`
 	// SharedPrefixTokens is the prefix new conversations share with others
 	// (their system prompt and tools), which a replica holds once for all
@@ -293,6 +296,7 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 			Touch:              admission.Touch,
 			Waiting:            st.Admission.Waiting,
 			LateShare:          st.Admission.LateShare,
+			LackShare:          st.Admission.LackShare,
 			SteppedAside:       st.Admission.SteppedAside,
 			SharedPrefixTokens: sharedPrefixTokens(st.Admission),
 			SharedPrefixSource: st.Admission.SharedPrefixSource.String(),

@@ -253,6 +253,7 @@ func TestAdmissionSizesByTheRepliesTokens(t *testing.T) {
 	want := loadcontrol.Status{
 		Enabled: true, Admitted: 4, Queued: 1, Replies: 3, CacheReplies: 1, BytesPerToken: 3,
 		Resident: loadcontrol.TokenCounts{Prompt: 110, Cached: 90}, NonResident: loadcontrol.TokenCounts{Prompt: 100},
+		LackShare: 1.0 / 16, // b lacked room: one of the last 16 turns
 	}
 	if st != want {
 		t.Fatalf("status\n%+v, want\n%+v", st, want)

@@ -270,7 +270,7 @@ func matchesStatus(page *pageState, st panel.ModelStatus) []string {
 		"max_num_seqs": fmt.Sprintf("max_num_seqs %d (%s)", st.MaxNumSeqs,
 			map[string]string{"config": "set", "process": "from --max-num-seqs", "vllm_default": "vLLM's default"}[st.MaxNumSeqsSource]),
 		"pin_store": "Shared pins " + map[bool]string{true: "up", false: "down"}[st.PinStore != nil && st.PinStore.Up],
-		"queue":     fmt.Sprintf("Queue %d", st.LoadControl.Waiting),
+		"queue":     fmt.Sprintf("Queue %d", st.LoadControl.Waiting) + map[bool]string{true: " · stepped aside"}[st.LoadControl.SteppedAside],
 	} {
 		if page.Badges[key] != want {
 			differ("badge %s: page %q, admin %q", key, page.Badges[key], want)

@@ -170,6 +170,7 @@
     const b = badge("queue", "Queue " + lc.waiting + (lc.stepped_aside ? " · stepped aside" : ""));
     b.title = "turns waiting for room in a KV cache (at most " + lc.max_queue + ", each at most " + lc.max_wait_s + " s); " +
       lc.queued + " waited, " + lc.forced + " sent after max_wait, " + lc.refused + " refused; " +
+      Math.round(100 * lc.lack_share) + "% of the recent turns lacked room, " +
       Math.round(100 * lc.late_share) + "% of the idle conversations' residency expired before they came back" +
       (lc.stepped_aside ? ", so every turn is admitted at once" : "");
     return [b];
