@@ -207,19 +207,12 @@ type Gate struct {
 	// and of the others, to tell whether residency kept caches.
 	replies, cacheReplies uint64
 	resident, nonResident TokenCounts
-	// lateShare is the share of idle residents' conversations that came
-	// back after their residency expired rather than within it, recent
-	// ones weighing most; aside is set once it is over asideAbove and
-	// cleared once it is below holdAgainBelow (aside.go).
-	lateShare float64
-	lateAside bool
-	// lackShare is the share of turns arriving without residency that
-	// would have found no room, recent ones weighing most; engaged is set
-	// from its first lack and cleared once it falls below stepAsideBelow
-	// (aside.go).
-	lackShare float64
-	engaged   bool
-	// aside: load control holds no turn, as not engaged or as most
+	// late is the share of idle residents' conversations that came back
+	// after their residency expired rather than within it, set over
+	// asideAbove and cleared below holdAgainBelow; lack is the share of
+	// turns that lacked room, set while load control holds turns (aside.go).
+	late, lack movingShare
+	// aside: load control holds no turn, as no turn lacks room or as most
 	// conversations come back late.
 	aside atomic.Bool
 	// expiries are the residencies that expired recently, oldest first,
@@ -879,7 +872,7 @@ func (v *View) Status(st *Status, flows *FlowsStatus) map[Replica]ReplicaStatus 
 		SideCalls: g.sideCalls,
 		Replies:   g.replies, CacheReplies: g.cacheReplies, BytesPerToken: v.routing.BytesPerToken(),
 		Resident: g.resident, NonResident: g.nonResident,
-		LateShare: g.lateShare, LackShare: g.lackShare, SteppedAside: v.on && g.aside.Load(),
+		LateShare: g.late.share, LackShare: g.lack.share, SteppedAside: v.on && g.aside.Load(),
 	}
 	st.SharedPrefix, st.SharedPrefixSource = v.routing.SharedPrefix()
 	*flows = g.fair.table.flowStatus()

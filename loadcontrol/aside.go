@@ -29,9 +29,6 @@ import (
 // a reload).
 
 const (
-	// returnWeight is the weight of one return in the late share: about
-	// the last 16 returns count.
-	returnWeight = 1.0 / 16
 	// asideAbove is the late share above which load control steps aside,
 	// and holdAgainBelow the one below which it takes over again: apart,
 	// so that a share near either does not flip it at every return (lab:
@@ -43,17 +40,34 @@ const (
 // noteReturn records that an idle resident's conversation came back in
 // time (late false) or after its residency expired (g.mu held).
 func (g *Gate) noteReturn(late bool) {
+	g.late.note(late, asideAbove, holdAgainBelow)
+	g.aside.Store(g.late.set || !g.lack.set)
+}
+
+// shareWeight is the weight of one event in a movingShare: about the last
+// 16 count.
+const shareWeight = 1.0 / 16
+
+// movingShare is the share of recent events that were hits, recent ones
+// weighing most, and a flag set once it is over one bound and cleared once
+// it is below another.
+type movingShare struct {
+	share float64
+	set   bool
+}
+
+// note adds an event to m.
+func (m *movingShare) note(hit bool, setAbove, clearBelow float64) {
 	x := 0.0
-	if late {
+	if hit {
 		x = 1
 	}
-	g.lateShare += returnWeight * (x - g.lateShare)
-	if g.lateAside {
-		g.lateAside = g.lateShare >= holdAgainBelow
+	m.share += shareWeight * (x - m.share)
+	if m.set {
+		m.set = m.share >= clearBelow
 	} else {
-		g.lateAside = g.lateShare > asideAbove
+		m.set = m.share > setAbove
 	}
-	g.aside.Store(g.lateAside || !g.engaged)
 }
 
 // Engaging. Holding pays only where turns lack room: where the
@@ -75,32 +89,16 @@ func (g *Gate) noteReturn(late bool) {
 // yields at the end of its turn, as one admitted on an underestimate does
 // (lab, the seed's workload at 16 and 32 sessions, 3 seeds: 15,241 and
 // 15,538 tok/min where it stayed gave 15,060 and 15,182).
-const (
-	// lackWeight is the weight of one turn in the lack share: about the
-	// last 16 count.
-	lackWeight = 1.0 / 16
-	// engageFrom is the lack share from which load control engages: a
-	// single lack after turns that found room, so that a farm launched at
-	// once is held from its first turn that overflows. stepAsideBelow is
-	// the share below which it steps aside: about 11 arrivals that found
-	// room after a single lack.
-	engageFrom     = lackWeight
-	stepAsideBelow = lackWeight / 2
-)
+// lackBound is the lack share over which load control engages and below
+// which it steps aside: a single lack takes the share over it, so that a
+// farm launched at once is held from its first turn that overflows, and
+// about 11 turns that found room bring it back below.
+const lackBound = shareWeight / 2
 
 // noteLack records whether a turn lacked room (g.mu held).
 func (g *Gate) noteLack(lacked bool) {
-	x := 0.0
-	if lacked {
-		x = 1
-	}
-	g.lackShare += lackWeight * (x - g.lackShare)
-	if g.engaged {
-		g.engaged = g.lackShare >= stepAsideBelow
-	} else {
-		g.engaged = g.lackShare >= engageFrom
-	}
-	g.aside.Store(g.lateAside || !g.engaged)
+	g.lack.note(lacked, lackBound, lackBound)
+	g.aside.Store(g.late.set || !g.lack.set)
 }
 
 // Engage makes load control hold turns from now, as a run of turns that
@@ -109,8 +107,8 @@ func (g *Gate) noteLack(lacked bool) {
 func (g *Gate) Engage() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.lackShare, g.engaged = 1, true
-	g.aside.Store(g.lateAside)
+	g.lack = movingShare{share: 1, set: true}
+	g.aside.Store(g.late.set)
 }
 
 // lacksRoom reports whether t, its conversation not resident, would find
