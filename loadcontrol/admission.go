@@ -210,8 +210,10 @@ type Gate struct {
 	// late is the share of idle residents' conversations that came back
 	// after their residency expired rather than within it, set over
 	// asideAbove and cleared below holdAgainBelow; lack is the share of
-	// turns that lacked room, set while load control holds turns (aside.go).
-	late, lack movingShare
+	// turns that lacked room, set while load control holds turns, and
+	// lackCapacity the caches' tokens when the last was noted (aside.go).
+	late, lack   movingShare
+	lackCapacity int
 	// aside: load control holds no turn, as no turn lacks room or as most
 	// conversations come back late.
 	aside atomic.Bool
@@ -274,7 +276,7 @@ func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
 		v.routing.NoteRequestPrefix(key, body.Prefix)
 	}
 	if g.rides(t) == nil {
-		g.noteLack(v.lacksRoom(t))
+		v.noteLack(v.lacksRoom(t))
 	}
 	switch res := g.rides(t); {
 	case res != nil:
@@ -393,7 +395,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 			underestimated = t.assumed && float64(reply.PromptTokens) > underestimateSlack*float64(t.tokens)
 			g.resize(t.res, reply.PromptTokens)
 			if t.view.overShare(t.res.rep) {
-				g.noteLack(true) // its residents outgrew their share (aside.go)
+				t.view.noteLack(true) // its residents outgrew their share (aside.go)
 			}
 		}
 	}

@@ -95,8 +95,19 @@ func (m *movingShare) note(hit bool, setAbove, clearBelow float64) {
 // about 11 turns that found room bring it back below.
 const lackBound = shareWeight / 2
 
-// noteLack records whether a turn lacked room (g.mu held).
-func (g *Gate) noteLack(lacked bool) {
+// noteLack records whether a turn lacked room (g.mu held). The lacks
+// judged against caches since found a quarter larger or more (a replica's
+// host tier, which is sized once it has stored some blocks) are forgotten:
+// they no longer say that turns lack room.
+func (v *View) noteLack(lacked bool) {
+	g, capacity := v.gate, 0
+	for _, s := range v.routing.Replicas() {
+		capacity += v.capacityOf(s)
+	}
+	if g.lackCapacity > 0 && capacity > g.lackCapacity+g.lackCapacity/4 {
+		g.lack = movingShare{}
+	}
+	g.lackCapacity = capacity
 	g.lack.note(lacked, lackBound, lackBound)
 	g.aside.Store(g.late.set || !g.lack.set)
 }
