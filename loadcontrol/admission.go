@@ -36,19 +36,17 @@ const (
 	// counted once (sharedprefix.go). Below 1, it leaves its residents room
 	// to grow: at 1, a replica handed several conversations at their first
 	// turn fills exactly, and they outgrow its cache for their whole task
-	// (docs/policy.md#the-shared-prefix).
+	// (docs/research/policy.md#the-shared-prefix).
 	DefaultFill   = 0.95
 	DefaultLinger = 6 * time.Second
 	DefaultWait   = 5 * time.Minute
 	DefaultQueue  = 1024
 	// DefaultQuantum: half of the seed workload's conversation, the
-	// lab's best tail for the throughput (docs/policy.md#load-control).
+	// lab's best tail for the throughput (docs/research/policy.md#load-control).
 	DefaultQuantum = 3
-	// DefaultMinResidents: a replica holding one conversation
-	// idles through each of its tool pauses; two that overflow its cache
-	// run more than one that fits (lab, first messages of 20k tokens, 16
-	// sessions: 1.24× the best baseline's throughput with two, 1.08× with
-	// one).
+	// DefaultMinResidents: a replica holding one conversation idles
+	// through each of its tool pauses; two that overflow its cache run
+	// more than one that fits.
 	DefaultMinResidents = 2
 )
 

@@ -9,8 +9,8 @@ import (
 // Linger of its turn's end: its residency kept its cache for that turn.
 // Agents whose tools, or whose people, take longer come back after their
 // residency ended, and holding turns then only keeps the replicas below the
-// concurrency they could run, for no cache kept (lab: 0.89-0.98× the best
-// baseline's throughput at 10 to 60 s between turns; docs/policy.md).
+// concurrency they could run, for no cache kept
+// (docs/research/policy.md#load-control-across-think-times).
 //
 // So load control follows, for each idle resident, whether its
 // conversation came back in time or after its residency expired, and
@@ -20,9 +20,8 @@ import (
 // takes over again once clearly fewer come back late. A late return counts
 // when the conversation comes back, not when its residency expires: agents
 // that stop (a farm's batch ends, its runner is killed) leave residencies
-// that expire and never come back, which say nothing of their pauses (lab,
-// --warm: 24 agents after a batch of 16 made load control step aside, and
-// the farm preset let all 24 in). A resident that left otherwise (its
+// that expire and never come back, which say nothing of their pauses (a
+// batch of agents that ends before the next begins). A resident that left otherwise (its
 // reply ended its task, it yielded after its quantum or to an
 // underestimate) neither came back in time nor late, and neither does one
 // whose expiry load control was not there to see (off, then on again after
@@ -31,8 +30,7 @@ import (
 const (
 	// asideAbove is the late share above which load control steps aside,
 	// and holdAgainBelow the one below which it takes over again: apart,
-	// so that a share near either does not flip it at every return (lab:
-	// one p95 loss fewer on the grid than a single threshold).
+	// so that a share near either does not flip it at every return.
 	asideAbove     = 0.5
 	holdAgainBelow = 0.35
 )
@@ -86,9 +84,8 @@ func (m *movingShare) note(hit bool, setAbove, clearBelow float64) {
 //
 // A conversation let in while load control stood aside may then overflow
 // its replica's cache beside the others: when load control holds turns, it
-// yields at the end of its turn, as one admitted on an underestimate does
-// (lab, the seed's workload at 16 and 32 sessions, 3 seeds: 15,241 and
-// 15,538 tok/min where it stayed gave 15,060 and 15,182).
+// yields at the end of its turn, as one admitted on an underestimate does.
+
 // lackBound is the lack share over which load control engages and below
 // which it steps aside: a single lack takes the share over it, so that a
 // farm launched at once is held from its first turn that overflows, and

@@ -1,6 +1,6 @@
 package loadcontrol
 
-// Fill control (AdmissionConfig.FillMin, FillMax): each replica's share of
+// Fill control (Config.FillMin, FillMax): each replica's share of
 // cache follows how much of its resident turns' prompts the replies say was
 // cached, the feedback form of Denning's working-set model (page-fault
 // frequency). Residents admitted together grow together past a cache that
@@ -11,7 +11,7 @@ package loadcontrol
 // reports one, every replica keeps Fill, and from the first, a replica
 // starts at FillMax.
 //
-// Searched in the lab (docs/policy.md, "Touch and fill control"): alone it
+// Searched in the lab (docs/research/policy.md#touch-and-fill-control): alone it
 // gains nothing, as the misses come turns after the admission that caused
 // them; with Touch it holds the farm preset's gain over a long run.
 

@@ -2,7 +2,7 @@ package loadcontrol
 
 import "time"
 
-// Staggered starts (AdmissionConfig.Stagger). Conversations admitted to a
+// Staggered starts (Config.Stagger). Conversations admitted to a
 // replica together grow together: an agent farm launched at once fills each
 // replica with residents on their first turns, which a few turns later hold
 // far more than the replica's cache, all at the same time, and are replaced,

@@ -1,6 +1,6 @@
 package loadcontrol
 
-// Departures and the engine's LRU (AdmissionConfig.Touch). vLLM frees a
+// Departures and the engine's LRU (Config.Touch). vLLM frees a
 // finished request's cached blocks to the tail of its free queue and
 // evicts from the head: the blocks of the resident idle longest go first,
 // and those of a conversation that just left, which will not come back,
@@ -16,17 +16,14 @@ package loadcontrol
 // resident idle past Linger leaves.
 //
 // The newcomer is let in at the next turn's end or sweep after the last
-// idle resident's turn was admitted, not at that admission: letting it in
-// at once gave 1.235x the best baseline at 24 sessions instead of 1.255x
-// in the lab, the returning turn's prefill not yet done.
+// idle resident's turn was admitted, not at that admission, when the
+// returning turn's prefill has not run yet.
 //
 // A residency that expires counts as leaving when it expires, though the
 // engine freed its cache a Linger earlier, and so is evicted first
-// anyway: in the lab's warm runs (a level's agents stop, the next level's
-// come back to their pins), holding newcomers until the idle residents
-// have begun a turn again or expired too gave 1.25x the best baseline at
-// 24 sessions instead of 1.17x (fill 0.98); cold runs never expire a
-// residency at 3 s pauses.
+// anyway: newcomers wait until the idle residents have begun a turn again
+// or expired too. docs/research/policy.md#touch-and-fill-control has the
+// measurements behind both.
 
 // departure is what left a replica since the cache of the residents idle
 // before it was freed (g.mu held).

@@ -93,8 +93,7 @@ func (v *View) leastPending(usable func(string) bool, key uint64) *replicaState 
 // PlacementSlack is how much costlier than the lightest replica (in
 // placement cost) a new conversation's replica may be, among those with the
 // fewest active conversations, so that the one sent a request longest ago
-// takes it. Measured on the workload grid: 0 lost four more p95 cells, 2
-// did as well as 1 (docs/policy.md).
+// takes it (measured on the workload grid: docs/research/policy.md).
 const PlacementSlack = 1.0
 
 // freshPlace is where a new conversation goes: it weighs on its replica
