@@ -14,7 +14,7 @@ const (
 	PolicyAdmission = "warden-admission"
 	// PolicyAdmissionGentle lets resident conversations fill twice each
 	// replica's cache and never makes them yield: it holds turns only deep
-	// in overload (docs/policy.md#load-control).
+	// in overload (docs/research/policy.md#load-control).
 	PolicyAdmissionGentle = "warden-admission-gentle"
 	// PolicyAdmissionFarm keeps a conversation resident for its whole task
 	// (no quantum), staggers the starts of a replica's first residents by

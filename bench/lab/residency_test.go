@@ -11,7 +11,7 @@ import (
 // believes of each turn against what the engines did: the prompt's size,
 // estimated from the request's bytes, against its real token count, and
 // "its conversation is resident" against the share of the prompt the engine
-// found cached. The figures are logged for docs/policy.md (go test -v).
+// found cached. The figures are logged for docs/research/policy.md (go test -v).
 func TestLoadControlEstimatesAgainstGroundTruth(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Duration = 2 * time.Minute

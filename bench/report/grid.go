@@ -70,7 +70,7 @@ func thinkLabel(seconds float64) string {
 }
 
 // PrintGrid writes cells as a Markdown table, three lines per cell as in
-// docs/policy.md: ours, the best baseline of each column (name and value),
+// docs/research/policy.md: ours, the best baseline of each column (name and value),
 // then ours over the best and the verdict. It ends with the verdicts
 // counted per column.
 func PrintGrid(w io.Writer, cells []GridCell, ours string) error {

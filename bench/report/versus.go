@@ -28,7 +28,7 @@ type versusColumn struct {
 	name string
 }
 
-// versusColumns are the columns of docs/policy.md's comparison.
+// versusColumns are the columns of docs/research/policy.md's comparison.
 var versusColumns = []versusColumn{
 	{outputPerMin, true, "output_tokens"},
 	{ttfbP50, false, "ttfb_p50"},
