@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,7 +244,32 @@ func (f *fleet) send(ctx context.Context, session string, header ...string) (*ht
 // siteClient opens a connection per request: a config change reloads Caddy,
 // which closes idle keep-alive connections, and a POST that races that
 // close fails with EOF (Go does not retry a POST), as any client's would.
-var siteClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+// A new connection can still be reset: the replaced config's listener may
+// accept it just before it closes. siteClient then sends the request again,
+// as Anthropic's and OpenAI's SDKs do.
+var siteClient = &http.Client{Transport: resending{&http.Transport{DisableKeepAlives: true}}}
+
+// resending sends a request again, up to twice, when its connection broke
+// before any response.
+type resending struct{ http.RoundTripper }
+
+func (rt resending) RoundTrip(req *http.Request) (*http.Response, error) {
+	for try := 0; ; try++ {
+		resp, err := rt.RoundTripper.RoundTrip(req)
+		if err == nil || try == 2 || req.Context().Err() != nil ||
+			!(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+			return resp, err
+		}
+		if req.GetBody != nil {
+			body, berr := req.GetBody()
+			if berr != nil {
+				return nil, err
+			}
+			req = req.Clone(req.Context())
+			req.Body = body
+		}
+	}
+}
 
 func TestReplicasMode(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
