@@ -21,7 +21,7 @@ var (
 	descFlowWaiting        = desc("load_control_flow_waiting", "Turns of the flow (a person or an API key, by its hashed ID; other: the flows folded out of the 256 counted apart) held by load control now.", "model", "flow")
 	descFlowTurns          = desc("load_control_flow_turns_total", "Turns of the flow load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), refused (answered 503: the queue was full). A flow folded into other takes its counts there.", "model", "flow", "result")
 	descFlowWaited         = desc("load_control_flow_wait_seconds_total", "Time the flow's turns admitted from load control's queue waited there, in all.", "model", "flow")
-	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size; no sample while unknown.", replicaLabels...)
+	descKVCapacity         = desc("kv_capacity_tokens", "The replica's KV cache in tokens as load control counts it: capacity_tokens when set, else the replica's num_gpu_blocks x block_size, or its host tier's tokens when larger; no sample while unknown.", replicaLabels...)
 
 	// loadControlWaitSeconds times every wait in load control's queue. It
 	// is the collector's: it continues across reloads like the rest.

@@ -159,8 +159,10 @@ func TestDataOfLiveModel(t *testing.T) {
 	}
 }
 
-// A replica with a host-memory KV tier shows the tier's size and the share
-// of prompt tokens it served beside the GPU's; one without shows neither.
+// A replica with a host-memory KV tier shows the tier's size, in GiB and in
+// the tokens its stores tell (which load control counts as its capacity),
+// and the share of prompt tokens it served beside the GPU's; one without
+// shows none of them.
 func TestHostTierShownWhereReported(t *testing.T) {
 	m := livemodel.New("panel-tier", time.Second, zap.NewNop())
 	l := m.Prepare(livemodel.Spec{Fleet: fleet.Spec{
@@ -176,14 +178,17 @@ func TestHostTierShownWhereReported(t *testing.T) {
 	for i := 0; i <= 30; i++ {
 		at := now.Add(time.Duration(i-30) * time.Second)
 		for _, tier := range []bool{true, false} {
-			s := counterScrape(100*float64(i), 50*float64(i), 10*float64(i))
+			s := counterScrape(10000*float64(i), 5000*float64(i), 1000*float64(i))
 			e := &s.Engines[0]
 			e.Present |= metricsfeed.LoadFields
 			target := "127.0.0.1:12"
 			if tier {
 				target = "127.0.0.1:11"
-				e.ExternalHits, e.HostTierGiB = 25*float64(i), 22
-				e.Present |= metricsfeed.FieldExternalHits
+				e.ExternalQueries, e.ExternalHits, e.HostTierGiB = 5000*float64(i), 2500*float64(i), 22
+				// Every token computed (written, less what the tier loaded)
+				// stored at 147,456 bytes.
+				e.HostStoredBytes = (6000 - 2500) * float64(i) * 147456
+				e.Present |= metricsfeed.FieldExternalQueries | metricsfeed.FieldExternalHits | metricsfeed.FieldHostStoredBytes
 			}
 			m.Fleet().ObserveScrape(target, at, s, nil)
 		}
@@ -196,9 +201,20 @@ func TestHostTierShownWhereReported(t *testing.T) {
 	if tier.HostTierGiB == nil || *tier.HostTierGiB != 22 || tier.HostHitRate == nil || math.Abs(*tier.HostHitRate-0.25) > 1e-9 {
 		t.Errorf("replica with a tier: %v GiB, host hits %v; want 22 GiB, 0.25", tier.HostTierGiB, fmtRate(tier.HostHitRate))
 	}
-	if plain.HostTierGiB != nil || plain.HostHitRate != nil {
-		t.Errorf("replica without a tier: %v GiB, host hits %v; want both unknown", plain.HostTierGiB, fmtRate(plain.HostHitRate))
+	if want := 22 * (1 << 30) / 147456; tier.HostTierTokens == nil || *tier.HostTierTokens != want ||
+		tier.KVCapacityTokens == nil || *tier.KVCapacityTokens != want {
+		t.Errorf("replica with a tier: %s tokens, capacity %s; want %d both", fmtInt(tier.HostTierTokens), fmtInt(tier.KVCapacityTokens), want)
 	}
+	if plain.HostTierGiB != nil || plain.HostHitRate != nil || plain.HostTierTokens != nil {
+		t.Errorf("replica without a tier: %v GiB, host hits %v, %s tokens; want all unknown", plain.HostTierGiB, fmtRate(plain.HostHitRate), fmtInt(plain.HostTierTokens))
+	}
+}
+
+func fmtInt(n *int) string {
+	if n == nil {
+		return "null"
+	}
+	return fmt.Sprint(*n)
 }
 
 // The working set sums the replicas' residents against their KV capacity,

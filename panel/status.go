@@ -10,7 +10,6 @@ import (
 	"github.com/lmwarden/caddy-warden/metricsfeed"
 	"github.com/lmwarden/caddy-warden/pinsnapshot"
 	"github.com/lmwarden/caddy-warden/pinstore"
-	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/supervise"
 )
 
@@ -210,12 +209,15 @@ type ReplicaStatus struct {
 	// HostHitRate is, over the same window, the share of the prompt tokens
 	// queried that its host-memory KV tier served; HostTierGiB the tier's
 	// size. Both nil (JSON null) without a tier, or when it does not say.
-	HostHitRate    *float64 `json:"host_hit_rate"`
-	HostTierGiB    *float64 `json:"host_tier_gib"`
-	Healthy        bool     `json:"healthy"`
-	Health         string   `json:"health"`
-	Sessions       int64    `json:"sessions"`
-	ActiveSessions int64    `json:"active_sessions"`
+	HostHitRate *float64 `json:"host_hit_rate"`
+	HostTierGiB *float64 `json:"host_tier_gib"`
+	// HostTierTokens is the tier's size in tokens, learnt from the bytes it
+	// stores; nil (JSON null) until it has stored enough to tell.
+	HostTierTokens *int   `json:"host_tier_tokens"`
+	Healthy        bool   `json:"healthy"`
+	Health         string `json:"health"`
+	Sessions       int64  `json:"sessions"`
+	ActiveSessions int64  `json:"active_sessions"`
 	// Residents are the conversations load control holds resident here,
 	// ResidentTokens their prompts' size, the shared prefix counted once
 	// (0 when it is off).
@@ -230,7 +232,8 @@ type ReplicaStatus struct {
 	NextNewcomer *time.Time `json:"next_newcomer"`
 	// KVCapacityTokens is the replica's KV cache in tokens as load control
 	// counts it: capacity_tokens when set, else the replica's
-	// num_gpu_blocks × block_size; nil (JSON null) when unknown.
+	// num_gpu_blocks × block_size, or its host tier's tokens when larger;
+	// nil (JSON null) when unknown.
 	KVCapacityTokens *int `json:"kv_capacity_tokens"`
 	// Process is the launched vLLM server's state, when warden runs it.
 	Process *supervise.State `json:"process,omitempty"`
@@ -349,7 +352,10 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 		if rs.NextNewcomer.After(now) {
 			row.NextNewcomer = &rs.NextNewcomer
 		}
-		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, rs.Load)
+		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, max(rs.Load.KVTokens, rs.HostTierTokens))
+		if rs.HostTierTokens > 0 {
+			row.HostTierTokens = &rs.HostTierTokens
+		}
 		rates, ok := f.ReplicaRates(rs.Replica, now, hitRateWindow)
 		row.PrefixHitRate = knownRate(rates, ok)
 		if ok {
@@ -377,12 +383,12 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 
 // kvCapacity is a replica's KV capacity as load control counts it: the
 // configured one, else the one its metrics report; nil when unknown.
-func kvCapacity(configured int, load selection.Load) *int {
+func kvCapacity(configured, measured int) *int {
 	switch {
 	case configured > 0:
 		return &configured
-	case load.KVTokens > 0:
-		return &load.KVTokens
+	case measured > 0:
+		return &measured
 	}
 	return nil
 }

@@ -68,6 +68,9 @@ type ReplicaStatus struct {
 	// once (sharedprefix.go).
 	Residents      int
 	ResidentTokens int
+	// HostTierTokens is the replica's host-memory KV tier in tokens, learnt
+	// from what it stores (hosttier.go); 0 until known.
+	HostTierTokens int
 	// NextNewcomer is when the replica, filling from empty, may take its
 	// next new conversation (load control's stagger); zero when it is not
 	// filling so.
@@ -124,6 +127,7 @@ func (v *View) Status() Status {
 			Healthy:        s.healthy.Load(),
 			Residents:      residents[s].Residents,
 			ResidentTokens: residents[s].ResidentTokens,
+			HostTierTokens: int(s.host.tokens.Load()),
 			NextNewcomer:   residents[s].NextNewcomer,
 			Fill:           residents[s].Fill,
 		}
