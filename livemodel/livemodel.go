@@ -112,20 +112,27 @@ func (m *Model) ReadPins(storage pinsnapshot.Storage, logger *zap.Logger) {
 }
 
 // Prepare is a config's version of the model. Nothing the running config
-// uses changes.
+// uses changes. The first config's restores the pins read at creation,
+// before its server can take a request: Caddy may start its HTTP servers
+// before the warden app, and a conversation placed meanwhile would lose
+// its pin.
 func (m *Model) Prepare(spec Spec) *Load {
-	return &Load{model: m, spec: spec, plan: m.fleet.Prepare(spec.Fleet)}
+	l := &Load{model: m, spec: spec, plan: m.fleet.Prepare(spec.Fleet)}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.live) == 0 {
+		m.pins.Restore(l.plan.View(), time.Now(), spec.Logger)
+	}
+	return l
 }
 
-// Activate makes l the model's applied version, as its config starts. The
-// first load to be activated restores the pins read at creation.
+// Activate makes l the model's applied version, as its config starts.
 func (m *Model) Activate(l *Load, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.live = append(m.live, l)
 	m.acquireFeedsLocked(l)
 	m.applyLocked(l)
-	m.pins.Restore(l.plan.View(), now, l.spec.Logger)
 }
 
 // Deactivate drops l, as its config stops. When l was applied, the newest

@@ -71,10 +71,22 @@ func TestPinsComeBackWithTheModel(t *testing.T) {
 		t.Fatal("no snapshot in the storage")
 	}
 
-	l = startModel(t, "pins-unit", storage)
+	// Restored as the config is prepared, before it starts: Caddy may
+	// start serving it before the warden app starts.
+	m := New("pins-unit", time.Second, zap.NewNop())
+	m.ReadPins(storage, zap.NewNop())
+	l = m.Prepare(pinsSpec(storage))
 	if st := l.PinSnapshot(); st.Restored != 20 || st.Dropped != 0 || st.LoadError != "" {
-		t.Fatalf("restored at start: %+v", st)
+		t.Fatalf("restored as the config is prepared: %+v", st)
 	}
+	for key, want := range home {
+		d := l.Plan().View().Pick(selection.Request{Key: key, Now: time.Now()})
+		if rep, _ := d.Replica(); rep.ID != want || d.Outcome != selection.Sticky {
+			t.Errorf("%s before the config started: %v on %s, pinned to %s before", key, d.Outcome, rep.ID, want)
+		}
+		d.Release()
+	}
+	m.Activate(l, time.Now())
 	for key, want := range home {
 		d := l.Plan().View().Pick(selection.Request{Key: key, Now: time.Now()})
 		if rep, _ := d.Replica(); rep.ID != want || d.Outcome != selection.Sticky {

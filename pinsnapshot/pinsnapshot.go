@@ -60,7 +60,7 @@ type Snapshot struct {
 	writeMu sync.Mutex // one write at a time: the periodic and the final one
 
 	mu      sync.Mutex
-	pending []selection.Pin // read at creation, until the first start restores them
+	pending []selection.Pin // read at creation, until the first config restores them
 	written uint64          // the router's request count at the last write
 	status  Status
 }
@@ -104,8 +104,8 @@ func (s *Snapshot) Load(storage Storage, logger *zap.Logger) {
 	s.pending = pins
 }
 
-// Restore puts the pins Load read into the table of the first config to
-// start, which must be applied: its view decides what is kept.
+// Restore puts the pins Load read into the table, once, through the first
+// config's view, which decides what is kept.
 func (s *Snapshot) Restore(view *selection.View, now time.Time, logger *zap.Logger) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -69,17 +69,23 @@ func newSessionTable(maxSessions int) *sessionTable {
 
 // setCapacity bounds the table; shrinking evicts on the next insert.
 func (t *sessionTable) setCapacity(maxSessions int) {
-	maxSessions = max(maxSessions, MinMaxSessions)
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		// The shards' capacities add up to exactly maxSessions.
-		s.capacity = maxSessions / sessionShards
-		if i < maxSessions%sessionShards {
-			s.capacity++
-		}
+		s.capacity = shardCapacity(maxSessions, i)
 		s.mu.Unlock()
 	}
+}
+
+// shardCapacity is shard i's share of maxSessions: the shards' capacities
+// add up to exactly maxSessions.
+func shardCapacity(maxSessions, i int) int {
+	maxSessions = max(maxSessions, MinMaxSessions)
+	n := maxSessions / sessionShards
+	if i < maxSessions%sessionShards {
+		n++
+	}
+	return n
 }
 
 func (t *sessionTable) shard(key uint64) *sessionShard {

@@ -63,8 +63,9 @@ func (s RestoreStats) Dropped() int {
 // Restore puts a snapshot's pins back into the table as if each session's
 // last request had been made at its last use: ordered by it for eviction
 // and expiry, and counted as active only within the view's active window.
-// A last use after now is taken as now. Call it on the applied view, whose
-// max_sessions bounds the table.
+// A last use after now is taken as now. The view's max_sessions bounds what
+// is restored, so that it can run before the view is applied: before its
+// config serves a request.
 func (v *View) Restore(pins []Pin, now time.Time) RestoreStats {
 	var st RestoreStats
 	nowNs := now.UnixNano()
@@ -104,7 +105,7 @@ func (v *View) Restore(pins []Pin, now time.Time) RestoreStats {
 				st.Present++
 				continue
 			}
-			if len(sh.byKey) >= sh.capacity {
+			if len(sh.byKey) >= min(sh.capacity, shardCapacity(v.cfg.MaxSessions, int(p.key%sessionShards))) {
 				st.OverCapacity++
 				continue
 			}
