@@ -98,7 +98,23 @@ type caddySetup struct {
 // if the test failed.
 func runCaddy(t *testing.T, setup caddySetup, addrs ...string) (*fleet, *testrun.Buffer) {
 	t.Helper()
-	ports := testnet.Addrs(t, 2)
+	// The ports are found free, then given to Caddy: another process can
+	// take one in between, and Caddy then exits at start; it is started
+	// again on other ports.
+	for try := 1; ; try++ {
+		f, log, err := startCaddyOn(t, setup, testnet.Addrs(t, 2), addrs)
+		if err == nil {
+			return f, log
+		}
+		if try == 3 || !strings.Contains(log.String(), "address already in use") {
+			t.Fatalf("%v\n%s", err, log.String())
+		}
+	}
+}
+
+// startCaddyOn runs runCaddy's Caddy with its admin API and site on ports.
+func startCaddyOn(t *testing.T, setup caddySetup, ports, addrs []string) (*fleet, *testrun.Buffer, error) {
+	t.Helper()
 	admin, site := ports[0], ports[1]
 	block := strings.NewReplacer("{replicas}", strings.Join(addrs, " "), "{server}", addrs[0]).Replace(setup.modelBlock)
 	upstreams := strings.Join(addrs, " ")
@@ -134,7 +150,7 @@ http://%s {
 	log := &testrun.Buffer{}
 	p, err := caddyproc.StartIn(setup.dataDir, caddyBin, config, admin, log)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
+		return nil, log, err
 	}
 	t.Cleanup(func() {
 		p.Stop()
@@ -144,7 +160,7 @@ http://%s {
 	})
 	f := &fleet{caddy: p, site: site}
 	f.waitHealthy(t)
-	return f, log
+	return f, log, nil
 }
 
 func addresses(backends []*fakeVLLM) []string {
