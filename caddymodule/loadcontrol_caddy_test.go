@@ -99,7 +99,16 @@ func engage(t *testing.T, f *fleet, held, lacking int) {
 			t.Fatalf("a held conversation: %+v", a)
 		}
 	}
-	testrun.Eventually(t, 10*time.Second, "the held conversations gone", func() bool { return residents(f.status(t)) == 0 })
+	var last panel.ModelStatus
+	defer func() {
+		if t.Failed() {
+			t.Logf("the held conversations' ends: load_control %+v, replicas %+v", last.LoadControl, last.Replicas)
+		}
+	}()
+	testrun.Eventually(t, 10*time.Second, "the held conversations gone", func() bool {
+		last = f.status(t)
+		return residents(last) == 0
+	})
 }
 
 // residents counts the conversations resident on any replica.
