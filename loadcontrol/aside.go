@@ -20,12 +20,11 @@ import (
 // takes over again once clearly fewer come back late. A late return counts
 // when the conversation comes back, not when its residency expires: agents
 // that stop (a farm's batch ends, its runner is killed) leave residencies
-// that expire and never come back, which say nothing of their pauses (a
-// batch of agents that ends before the next begins). A resident that left otherwise (its
-// reply ended its task, it yielded after its quantum or to an
-// underestimate) neither came back in time nor late, and neither does one
-// whose expiry load control was not there to see (off, then on again after
-// a reload).
+// that expire and never come back, which say nothing of their pauses. A
+// resident that left otherwise (its reply ended its task, it yielded after
+// its quantum or to an underestimate) neither came back in time nor late,
+// and neither does one whose expiry load control was not there to see
+// (off, then on again after a reload).
 
 const (
 	// asideAbove is the late share above which load control steps aside,

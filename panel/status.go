@@ -352,7 +352,7 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 		if rs.NextNewcomer.After(now) {
 			row.NextNewcomer = &rs.NextNewcomer
 		}
-		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, max(rs.Load.KVTokens, rs.HostTierTokens))
+		row.KVCapacityTokens = kvCapacity(admission.CapacityTokens, rs.CapacityTokens)
 		if rs.HostTierTokens > 0 {
 			row.HostTierTokens = &rs.HostTierTokens
 		}

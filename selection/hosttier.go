@@ -79,6 +79,12 @@ func (h *hostShare) size(prev, now Load) {
 	}
 }
 
+// capacityTokens is what the replica's caches hold, in tokens: its GPU
+// cache, or its host tier when larger; 0 while neither is known.
+func (s *replicaState) capacityTokens() int {
+	return int(max(s.kvTokens.Load(), s.host.tokens.Load()))
+}
+
 // evictedAtPin is what of the conversation's last prompt, beyond the
 // shared prefix every replica holds, we believe its pin's GPU evicted (it
 // holds gpuCached of it); none once the pin restarted, which empties a

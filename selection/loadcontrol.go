@@ -117,8 +117,7 @@ func (l loadRouting) Lightest(usable func(string) bool, key uint64, ok func(load
 // evicts comes back from it by a copy, so a turn that waits for GPU room
 // there waits for nothing a copy would not give sooner.
 func (l loadRouting) KVTokens(rep loadcontrol.Replica) int {
-	s := rep.(*replicaState)
-	return int(max(s.kvTokens.Load(), s.host.tokens.Load()))
+	return rep.(*replicaState).capacityTokens()
 }
 
 func (l loadRouting) EstimateTokens(bodyBytes int64) (int, bool) {

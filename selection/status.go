@@ -69,8 +69,10 @@ type ReplicaStatus struct {
 	Residents      int
 	ResidentTokens int
 	// HostTierTokens is the replica's host-memory KV tier in tokens, learnt
-	// from what it stores (hosttier.go); 0 until known.
-	HostTierTokens int
+	// from what it stores (hosttier.go), and CapacityTokens what load
+	// control counts as its room: its GPU cache, or the tier when larger;
+	// both 0 until known.
+	HostTierTokens, CapacityTokens int
 	// NextNewcomer is when the replica, filling from empty, may take its
 	// next new conversation (load control's stagger); zero when it is not
 	// filling so.
@@ -128,6 +130,7 @@ func (v *View) Status() Status {
 			Residents:      residents[s].Residents,
 			ResidentTokens: residents[s].ResidentTokens,
 			HostTierTokens: int(s.host.tokens.Load()),
+			CapacityTokens: s.capacityTokens(),
 			NextNewcomer:   residents[s].NextNewcomer,
 			Fill:           residents[s].Fill,
 		}
