@@ -41,10 +41,7 @@ type ModelList struct {
 
 // CaddyModule returns the Caddy module information.
 func (ModelList) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.warden_models",
-		New: func() caddy.Module { return new(ModelList) },
-	}
+	return handlerInfo[ModelList]("warden_models")
 }
 
 // UnmarshalCaddyfile reads `warden_models [<model>...]`.

@@ -33,10 +33,7 @@ type Panel struct{}
 
 // CaddyModule returns the Caddy module information.
 func (Panel) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.warden_panel",
-		New: func() caddy.Module { return new(Panel) },
-	}
+	return handlerInfo[Panel]("warden_panel")
 }
 
 // UnmarshalCaddyfile reads `warden_panel`, which takes no arguments.
@@ -61,6 +58,18 @@ type handlerModule[H any] interface {
 	*H
 	caddyhttp.MiddlewareHandler
 	caddyfile.Unmarshaler
+}
+
+// handlerInfo is the module information of the handler H, whose ID names
+// its Caddyfile directive as Caddy's own handlers do.
+func handlerInfo[H any, P interface {
+	*H
+	caddy.Module
+}](directive string) caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  caddy.ModuleID("http.handlers." + directive),
+		New: func() caddy.Module { return P(new(H)) },
+	}
 }
 
 // registerHandler registers the handler module H and its Caddyfile

@@ -30,10 +30,7 @@ type StopReason struct{}
 
 // CaddyModule returns the Caddy module information.
 func (StopReason) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.warden_stop_reason",
-		New: func() caddy.Module { return new(StopReason) },
-	}
+	return handlerInfo[StopReason]("warden_stop_reason")
 }
 
 // UnmarshalCaddyfile reads `warden_stop_reason`, which takes no arguments.
