@@ -290,7 +290,13 @@ func (rt resending) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestReplicasMode(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
 	// Auto threshold 32: 40 concurrent conversations on 3 replicas do not spill.
-	f := startFleet(t, "replicas {replicas}\n\t\t\tmax_num_seqs 128", backends...)
+	// A scrape that fails makes its replica's load unknown, scored as full,
+	// and skews where conversations go: scrapes here get 900 ms, not 90 ms,
+	// before they time out on a loaded machine.
+	f := startFleetWith(t, caddySetup{
+		modelBlock: "replicas {replicas}\n\t\t\tmax_num_seqs 128",
+		fields:     map[string]any{"metrics_interval": "1s"},
+	}, backends...)
 	convs := testrun.Sessions("conv", 40)
 	var home map[string]string
 
