@@ -12,7 +12,7 @@ import (
 // added to the model through the config API becomes an upstream too.
 func TestDynamicUpstreams(t *testing.T) {
 	a, b, c := startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)
-	f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", dynamic: true}, a.addr, b.addr)
+	f, _ := runCaddy(t, caddySetup{modelBlock: "replicas {replicas}", dynamic: true, fields: slowScrapes}, a.addr, b.addr)
 	f.backends = []*fakeVLLM{a, b}
 
 	var running any

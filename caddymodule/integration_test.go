@@ -56,6 +56,12 @@ func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 	return startFleetIn(t, "", modelBlock, backends...)
 }
 
+// slowScrapes gives scrapes 900 ms before they time out, for tests that
+// place conversations by load: a scrape that fails makes its replica's
+// load unknown, scored as full, and on a loaded machine 90 ms is not
+// always enough.
+var slowScrapes = map[string]any{"metrics_interval": "1s"}
+
 // startFleetWith is startFleet with a whole setup.
 func startFleetWith(t *testing.T, setup caddySetup, backends ...*fakeVLLM) *fleet {
 	t.Helper()
@@ -290,13 +296,7 @@ func (rt resending) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestReplicasMode(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1), startFakeVLLM(t, "c", 1)}
 	// Auto threshold 32: 40 concurrent conversations on 3 replicas do not spill.
-	// A scrape that fails makes its replica's load unknown, scored as full,
-	// and skews where conversations go: scrapes here get 900 ms, not 90 ms,
-	// before they time out on a loaded machine.
-	f := startFleetWith(t, caddySetup{
-		modelBlock: "replicas {replicas}\n\t\t\tmax_num_seqs 128",
-		fields:     map[string]any{"metrics_interval": "1s"},
-	}, backends...)
+	f := startFleetWith(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tmax_num_seqs 128", fields: slowScrapes}, backends...)
 	convs := testrun.Sessions("conv", 40)
 	var home map[string]string
 
@@ -433,7 +433,7 @@ func spilled(st panel.ModelStatus) (n uint64) {
 
 func TestRanksMode(t *testing.T) {
 	server := startFakeVLLM(t, "dp", 4)
-	f := startFleet(t, "server {server} ranks 4", server)
+	f := startFleetWith(t, caddySetup{modelBlock: "server {server} ranks 4", fields: slowScrapes}, server)
 	convs := testrun.Sessions("rank", 12)
 	for turn := range 3 {
 		// A forged rank must be replaced by warden's own choice. The turns
