@@ -83,15 +83,19 @@ func (p *Policy) wait(view *selection.View, r *http.Request, t *loadcontrol.Tick
 	readBody(r)
 	select {
 	case <-ready:
-		return true
+		if r.Context().Err() == nil {
+			return true
+		}
 	case <-r.Context().Done():
-		t.Cancel(p.clock.Now()) // admitted meanwhile: ended at once
-		caddyhttp.SetVar(r.Context(), varOutcome, outcomeCancelled)
-		return false
 	case <-timeout:
 		t.Force(p.clock.Now()) // false: admitted meanwhile, which is as good
 		return true
 	}
+	// Its client left, before the turn was admitted or as it was (select
+	// picks either): a turn admitted and never sent ends at once.
+	t.Cancel(p.clock.Now())
+	caddyhttp.SetVar(r.Context(), varOutcome, outcomeCancelled)
+	return false
 }
 
 // countsTokens reports whether r asks the server for the size of a prompt

@@ -93,6 +93,9 @@ func engage(t *testing.T, f *fleet, held, lacking int) {
 	for _, done := range waiting {
 		<-done
 	}
+	// Caddy notices a client left a moment after it did: a turn admitted
+	// before then is sent, and its residency lingers.
+	waitingIs(t, f, 0)
 	open()
 	for _, done := range running {
 		if a := <-done; a.err != nil || a.status != http.StatusOK {
