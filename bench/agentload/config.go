@@ -86,6 +86,23 @@ type Config struct {
 	SessionHeader string
 	// API selects the wire protocol.
 	API API
+	// APIKey, when set, is sent as the client's credential: x-api-key over
+	// the Anthropic API, Authorization: Bearer over the OpenAI one. A proxy
+	// tells people apart by it.
+	APIKey string
+
+	// SmallModel, when set, receives side calls, as Claude Code sends its
+	// titles and summaries to its small, fast model under the session's
+	// identity: before every SideCallEvery-th turn of a session's main
+	// agent (its first included), alongside that turn, one request of its
+	// own. It holds a system prompt that every side call of the run shares
+	// (SideCallSystemTokens) and SideCallTokens of the session's own text,
+	// asks for at most SideCallOutputTokens, and its reply stays out of the
+	// conversation.
+	SmallModel           string
+	SideCallEvery        int
+	SideCallTokens       int
+	SideCallOutputTokens int
 
 	// NoSessionID sends no conversation ID anywhere: no session header, no
 	// metadata.user_id, no agent headers or compaction hints, as Cline,
@@ -157,8 +174,16 @@ func DefaultConfig() Config {
 		SubagentTokens:          1000,
 		CompactionSummaryTokens: 1024,
 		CompactionHints:         true,
+
+		SideCallEvery:        3,
+		SideCallTokens:       300,
+		SideCallOutputTokens: 32,
 	}
 }
+
+// SideCallSystemTokens is the size of the system prompt the side calls of
+// a run share: an instruction such as "write a title for this prompt".
+const SideCallSystemTokens = 500
 
 // Validate reports the first setting that cannot produce a workload.
 func (c Config) Validate() error {
@@ -203,6 +228,9 @@ func (c Config) Validate() error {
 	if c.CompactionEvery > 0 && c.CompactionSummaryTokens < 1 {
 		errs = append(errs, fmt.Errorf("with compaction, summary tokens must be at least 1, got %d", c.CompactionSummaryTokens))
 	}
+	if c.SmallModel != "" && (c.SideCallEvery < 1 || c.SideCallTokens < 1 || c.SideCallOutputTokens < 1) {
+		errs = append(errs, fmt.Errorf("with a small model, side-call-every, side-call-tokens and side-call-output-tokens must be at least 1, got %d, %d and %d", c.SideCallEvery, c.SideCallTokens, c.SideCallOutputTokens))
+	}
 	if c.API != APIAnthropic && c.API != APIOpenAI {
 		errs = append(errs, fmt.Errorf("api must be %q or %q, got %q", APIAnthropic, APIOpenAI, c.API))
 	}
@@ -238,7 +266,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SubagentTokens, "subagent-tokens", c.SubagentTokens, "tokens in a sub-agent's own first message")
 	fs.IntVar(&c.CompactionEvery, "compaction-every", c.CompactionEvery, "compact a conversation after this many turns of its current prefix (0: never)")
 	fs.IntVar(&c.CompactionSummaryTokens, "compaction-summary-tokens", c.CompactionSummaryTokens, "max_tokens of the summarising request")
-	fs.BoolVar(&c.CompactionHints, "compaction-hints", c.CompactionHints, "send Claude Code's compaction hint headers (CLAUDE_CODE_GATEWAY_HINT_HEADERS=1)")
+	fs.BoolVar(&c.CompactionHints, "compaction-hints", c.CompactionHints, "send Claude Code's hint headers, compaction and side calls' request class (CLAUDE_CODE_GATEWAY_HINT_HEADERS=1)")
+	fs.StringVar(&c.SmallModel, "small-model", c.SmallModel, "model name of the side calls (titles, summaries) sent beside the main turns (empty: none)")
+	fs.IntVar(&c.SideCallEvery, "side-call-every", c.SideCallEvery, "with --small-model, a side call beside every this-many turns of a session's main agent, its first included")
+	fs.IntVar(&c.SideCallTokens, "side-call-tokens", c.SideCallTokens, "tokens of a side call's own text (beside the side calls' shared system prompt)")
+	fs.IntVar(&c.SideCallOutputTokens, "side-call-output-tokens", c.SideCallOutputTokens, "max_tokens of a side call")
 }
 
 // LevelSeed is the workload seed of one concurrency level of a benchmark

@@ -16,14 +16,15 @@ import (
 // anthropicVersion is the API version Claude Code announces.
 const anthropicVersion = "2023-06-01"
 
-// Claude Code's sub-agent and compaction hint headers. A sub-agent that
-// another sub-agent spawned would also send X-Claude-Code-Parent-Agent-Id;
-// the load generator's sub-agents are all spawned by the session's main
-// agent, so they send none.
+// Claude Code's sub-agent and hint headers. A sub-agent that another
+// sub-agent spawned would also send X-Claude-Code-Parent-Agent-Id; the load
+// generator's sub-agents are all spawned by the session's main agent, so
+// they send none. RequestClassHeader is "auxiliary" on a side call.
 const (
-	AgentHeader      = "X-Claude-Code-Agent-Id"
-	CompactionHeader = "X-Claude-Code-Compaction"
-	CompactedHeader  = "X-Claude-Code-Context-Compacted"
+	AgentHeader        = "X-Claude-Code-Agent-Id"
+	CompactionHeader   = "X-Claude-Code-Compaction"
+	CompactedHeader    = "X-Claude-Code-Context-Compacted"
+	RequestClassHeader = "X-Claude-Code-Request-Class"
 )
 
 // errStreamTruncated means the body ended before the protocol's final event.
@@ -102,7 +103,8 @@ var bashSchema = json.RawMessage(`{"type":"object","properties":{"command":{"typ
 // report to its parent, and a summarising request, whose summary is text).
 // The requests force the answer through tool_choice, so that a simulated
 // model gives each turn the stop a real one would.
-func endsTask(t Turn) bool { return t.Final }
+// A side call's reply is text too: a title, a summary.
+func endsTask(t Turn) bool { return t.Final || t.Side }
 
 // newRequest builds the streaming request for turn t of session s.
 func newRequest(ctx context.Context, baseURL string, cfg Config, s *Session, t Turn) (*http.Request, error) {
@@ -131,6 +133,14 @@ func newRequest(ctx context.Context, baseURL string, cfg Config, s *Session, t T
 		req.Header.Set("anthropic-version", anthropicVersion)
 		req.Header.Set("x-app", "cli")
 	}
+	if cfg.APIKey != "" {
+		// As each API's clients send their key.
+		if cfg.API == APIAnthropic {
+			req.Header.Set("x-api-key", cfg.APIKey)
+		} else {
+			req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+		}
+	}
 	if cfg.NoSessionID {
 		return req, nil
 	}
@@ -141,6 +151,9 @@ func newRequest(ctx context.Context, baseURL string, cfg Config, s *Session, t T
 		req.Header.Set(AgentHeader, s.AgentID)
 	}
 	if cfg.CompactionHints {
+		if t.Side {
+			req.Header.Set(RequestClassHeader, "auxiliary")
+		}
 		switch t.Kind {
 		case TurnCompacting:
 			req.Header.Set(CompactionHeader, "auto")
@@ -205,7 +218,7 @@ func anthropicBody(cfg Config, s *Session, t Turn) anthropicRequest {
 		messages[i] = anthropicMessage{Role: m.Role, Content: []anthropicBlock{{Type: "text", Text: m.Content}}}
 	}
 	req := anthropicRequest{
-		Model:     cfg.Model,
+		Model:     t.model(cfg),
 		MaxTokens: t.MaxTokens,
 		System:    []anthropicBlock{{Type: "text", Text: t.System}},
 		Messages:  messages,
@@ -369,7 +382,7 @@ func openAIBody(cfg Config, t Turn) openAIRequest {
 		messages = append(messages, openAIMessage(m))
 	}
 	req := openAIRequest{
-		Model: cfg.Model, Messages: messages, MaxTokens: t.MaxTokens, Stream: true,
+		Model: t.model(cfg), Messages: messages, MaxTokens: t.MaxTokens, Stream: true,
 		Tools:      []openAITool{{Type: "function", Function: openAIFunction{Name: "Bash", Description: bashDescription, Parameters: bashSchema}}},
 		ToolChoice: "required",
 	}

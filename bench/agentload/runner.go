@@ -34,6 +34,8 @@ type Result struct {
 	Segment int
 	Kind    TurnKind
 	Final   bool
+	// Side marks a side call to the small model (Session.SideCall).
+	Side bool
 	// Start is when the request was sent, FirstToken when the first text
 	// delta arrived (zero if none did), End when the response finished or
 	// was abandoned.
@@ -219,8 +221,17 @@ func (r *Runner) loop(ctx context.Context, client *http.Client, record func(Resu
 		if !sleep(ctx, turn.Think) {
 			return
 		}
+		var side sync.WaitGroup
+		if call, ok := session.SideCall(turn); ok {
+			// Sent with the turn, not before it: the agent does not wait for a title.
+			side.Go(func() {
+				res, _ := r.send(ctx, client, session, call)
+				record(res)
+			})
+		}
 		res, reply := r.send(ctx, client, session, turn)
 		record(res)
+		side.Wait()
 		switch {
 		case res.Cut:
 			return
@@ -262,7 +273,7 @@ func (r *Runner) runAgents(ctx context.Context, client *http.Client, agents []*S
 func (r *Runner) send(ctx context.Context, client *http.Client, s *Session, t Turn) (Result, string) {
 	res := Result{
 		SessionID: s.ID, SessionIndex: s.Index, Turn: t.Index, LastTurn: t.Last,
-		Agent: s.AgentID, Segment: t.Segment, Kind: t.Kind, Final: t.Final, Start: time.Now(),
+		Agent: s.AgentID, Segment: t.Segment, Kind: t.Kind, Final: t.Final, Side: t.Side, Start: time.Now(),
 	}
 	out, err := r.exchange(ctx, client, s, t, &res)
 	res.End = time.Now()

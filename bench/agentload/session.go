@@ -73,6 +73,16 @@ type Turn struct {
 	NewTokens int
 	// Think is the pause before sending the turn.
 	Think time.Duration
+	// Side marks a side call to Config.SmallModel (Session.SideCall).
+	Side bool
+}
+
+// model is the model the turn asks for.
+func (t Turn) model(cfg Config) string {
+	if t.Side {
+		return cfg.SmallModel
+	}
+	return cfg.Model
 }
 
 // compactionPromptTokens is the size of the summarise instruction's
@@ -90,6 +100,7 @@ const (
 type Generator struct {
 	cfg           Config
 	system        string
+	sideSystem    string
 	compactPrompt string
 	deviceID      string
 	accountUUID   string
@@ -108,6 +119,7 @@ func NewGenerator(cfg Config) (*Generator, error) {
 	return &Generator{
 		cfg:           cfg,
 		system:        pseudoText(rng, tokens),
+		sideSystem:    pseudoText(streamFor("side-system", cfg.Seed, 0), SideCallSystemTokens),
 		compactPrompt: compactionPromptStart + pseudoText(streamFor("compaction", cfg.Seed, 0), compactionPromptTokens),
 		deviceID:      hex.EncodeToString(digest("device", cfg.Seed, 0)),
 		accountUUID:   uuidFrom(digest("account", cfg.Seed, 0)),
@@ -259,6 +271,25 @@ func (s *Session) userTurn() Turn {
 		t.Spawns = cfg.Subagents
 	}
 	return t
+}
+
+// SideCall returns the side call that goes alongside the pending turn t
+// (Config.SmallModel), and false when none does. Its text is drawn from a
+// stream of its own, so that side calls leave the conversation's as it is.
+func (s *Session) SideCall(t Turn) (Turn, bool) {
+	cfg := s.gen.cfg
+	if cfg.SmallModel == "" || s.subagent() || t.Kind == TurnCompacting || s.answered%cfg.SideCallEvery != 0 {
+		return Turn{}, false
+	}
+	rng := streamFor(fmt.Sprintf("side/%d", s.Index), cfg.Seed, s.answered)
+	return Turn{
+		Index:     s.answered / cfg.SideCallEvery,
+		Side:      true,
+		System:    s.gen.sideSystem,
+		Messages:  []Message{{Role: "user", Content: pseudoText(rng, cfg.SideCallTokens)}},
+		MaxTokens: cfg.SideCallOutputTokens,
+		NewTokens: cfg.SideCallTokens,
+	}, true
 }
 
 // summarising is the request that compacts the conversation: its history

@@ -194,6 +194,9 @@ type sessionSpan struct {
 }
 
 func (sp *sessionSpan) add(r Result) {
+	if r.Side {
+		return // a side call neither opens nor ends the conversation it serves
+	}
 	opens := r.Agent == "" && r.Segment == 0 && r.Turn == 0
 	if opens && (sp.sent.IsZero() || r.Start.Before(sp.sent)) {
 		sp.sent = r.Start // the earliest send, should a first request be resent
