@@ -72,9 +72,14 @@ type Result struct {
 // Conversation names the conversation the request belongs to, as a
 // replica's cache sees it: the session's, or a sub-agent's within it, and a
 // compacted conversation's new prefix apart from its old one. Without
-// sub-agents and compaction it is SessionID.
+// sub-agents and compaction it is SessionID. A session's side calls are a
+// conversation of their own, on the small model's replicas.
 func (r Result) Conversation() string {
-	return ConversationName(r.SessionID, r.Agent, r.Segment)
+	name := ConversationName(r.SessionID, r.Agent, r.Segment)
+	if r.Side {
+		name += "/side"
+	}
+	return name
 }
 
 // ConversationName is Result.Conversation for a session ID, an agent ID

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,13 +23,16 @@ import (
 type boundRecorder struct {
 	header string
 
-	mu       sync.Mutex
-	bound    *hitbound.Bound
-	last     map[string]*turnTokens // by session, until its last turn ends
-	from     time.Time              // requests arriving before are not counted
-	hits     int
-	prompted int
+	mu    sync.Mutex
+	bound *hitbound.Bound
+	last  map[string]*turnTokens // by session, until its last turn ends
+	from  time.Time              // requests arriving before are not counted
+	// counts are the measured hits and prompt tokens by the model the
+	// requests name: each model's replicas have their own caches.
+	counts map[string]boundCount
 }
+
+type boundCount struct{ hits, prompted int }
 
 type turnTokens struct {
 	prompt []uint32
@@ -36,7 +41,7 @@ type turnTokens struct {
 }
 
 func newBoundRecorder(sessionHeader string, blockSize int) *boundRecorder {
-	return &boundRecorder{header: sessionHeader, bound: hitbound.New(blockSize), last: map[string]*turnTokens{}}
+	return &boundRecorder{header: sessionHeader, bound: hitbound.New(blockSize), last: map[string]*turnTokens{}, counts: map[string]boundCount{}}
 }
 
 // through returns a RoundTripper that records each request's prompt, then
@@ -58,7 +63,7 @@ func (f roundTripperFunc) RoundTrip(req *http.Request) (*http.Response, error) {
 func (b *boundRecorder) measureFrom(t time.Time) {
 	b.mu.Lock()
 	b.from = t
-	b.hits, b.prompted = 0, 0
+	clear(b.counts)
 	b.mu.Unlock()
 }
 
@@ -74,12 +79,18 @@ func (b *boundRecorder) record(req *http.Request) error {
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	if prompt, err := server.PromptTokens(req.URL.Path, body); err == nil {
-		b.arrive(b.conversation(req), prompt)
+		var named struct {
+			Model string `json:"model"`
+		}
+		_ = json.Unmarshal(body, &named) // a prompt was read: the body is JSON
+		b.arrive(b.conversation(req), named.Model, prompt)
 	}
 	return nil
 }
 
-func (b *boundRecorder) arrive(session string, prompt []uint32) {
+// arrive feeds a prompt of session to the bound. The models' prompts share
+// no prefix, so one bound serves both, its counts kept by model.
+func (b *boundRecorder) arrive(session, model string, prompt []uint32) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if prev := b.last[session]; prev != nil && prev.output > 0 && len(prompt) >= len(prev.prompt)+prev.output {
@@ -87,8 +98,10 @@ func (b *boundRecorder) arrive(session string, prompt []uint32) {
 	}
 	hit, chain := b.bound.Arrive(prompt)
 	if !time.Now().Before(b.from) {
-		b.hits += hit
-		b.prompted += len(prompt)
+		c := b.counts[model]
+		c.hits += hit
+		c.prompted += len(prompt)
+		b.counts[model] = c
 	}
 	if session != "" {
 		b.last[session] = &turnTokens{prompt: prompt, chain: chain}
@@ -117,12 +130,20 @@ func (b *boundRecorder) onResult(r agentload.Result) {
 	}
 }
 
-// percent is the bound over the measured requests.
-func (b *boundRecorder) percent() float64 {
+// percent is the bound over the measured requests that name one of models
+// (none: every request).
+func (b *boundRecorder) percent(models ...string) float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.prompted == 0 {
+	var sum boundCount
+	for model, c := range b.counts {
+		if len(models) == 0 || slices.Contains(models, model) {
+			sum.hits += c.hits
+			sum.prompted += c.prompted
+		}
+	}
+	if sum.prompted == 0 {
 		return 0
 	}
-	return 100 * float64(b.hits) / float64(b.prompted)
+	return 100 * float64(sum.hits) / float64(sum.prompted)
 }

@@ -46,10 +46,11 @@ type ClusterOptions struct {
 	Front FrontSettings
 	// Log receives Caddy's and Redis's output; nil discards it.
 	Log io.Writer
-	// ModelFields are JSON fields of every instance's warden model m that a
-	// Caddyfile does not offer (docs/configuration.md), set in the JSON
-	// `caddy adapt` makes of the instance's Caddyfile.
+	// ModelFields are JSON fields of every instance's warden models Models
+	// (nil: m) that a Caddyfile does not offer (docs/configuration.md), set
+	// in the JSON `caddy adapt` makes of the instance's Caddyfile.
 	ModelFields map[string]any
+	Models      []string
 }
 
 // FrontSettings are the front Caddy's reverse_proxy options, in wall time.
@@ -255,7 +256,15 @@ func (c *Cluster) Config(caddyfile string) (string, error) {
 	if c.o.ModelFields == nil {
 		return caddyfile, nil
 	}
-	return caddyproc.Adapt(c.o.Bin, caddyfile, map[string]map[string]any{"m": c.o.ModelFields})
+	models := c.o.Models
+	if models == nil {
+		models = []string{"m"}
+	}
+	fields := map[string]map[string]any{}
+	for _, m := range models {
+		fields[m] = c.o.ModelFields
+	}
+	return caddyproc.Adapt(c.o.Bin, caddyfile, fields)
 }
 
 // Kill ends instance i with SIGKILL (no shutdown work, no final snapshot).

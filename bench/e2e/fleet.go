@@ -39,12 +39,8 @@ type Sim struct {
 // in between: a simulator that exits at start is started again on new
 // ports, a few times, before its failure counts.
 func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
-	servers := o.Replicas
-	if o.Topology == TopologyRanks {
-		servers = 1
-	}
 	var sims []*Sim
-	for i := range servers {
+	for i := range o.servers() + o.SmallReplicas {
 		s, err := newSim(bin, o, i)
 		if err == nil {
 			err = s.start()
@@ -77,11 +73,25 @@ func StartSims(ctx context.Context, bin string, o Options) ([]*Sim, error) {
 // before it answered.
 var errExitedAtStart = errors.New("exited at start")
 
-// newSim prepares replica i's simulator on free ports, not started.
+// servers is how many simulators serve the model: one per replica, or one
+// with ranks.
+func (o Options) servers() int {
+	if o.Topology == TopologyRanks {
+		return 1
+	}
+	return o.Replicas
+}
+
+// newSim prepares server i's simulator on free ports, not started: the
+// model's servers first ("r0", "r1"...), then the small model's ("s0"...),
+// each serving only its model's name when there are two.
 func newSim(bin string, o Options, i int) (*Sim, error) {
-	ranks := 1
+	ranks, id, served := 1, "r"+strconv.Itoa(i), o.Workload.Model
 	if o.Topology == TopologyRanks {
 		ranks = o.Replicas
+	}
+	if i >= o.servers() {
+		ranks, id, served = 1, "s"+strconv.Itoa(i-o.servers()), o.Workload.SmallModel
 	}
 	addr, err := caddyproc.FreeAddr()
 	if err != nil {
@@ -90,12 +100,15 @@ func newSim(bin string, o Options, i int) (*Sim, error) {
 	_, port, _ := net.SplitHostPort(addr)
 	s := &Sim{Addr: addr, bin: bin, log: o.logWriter(), args: append([]string{
 		"--port", port,
-		"--id", "r" + strconv.Itoa(i),
+		"--id", id,
 		"--data-parallel-size", strconv.Itoa(ranks),
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'f', -1, 64),
 		"--seed", strconv.FormatUint(o.Seed, 10),
 		"--max-num-seqs", strconv.Itoa(o.MaxNumSeqs),
 	}, o.SimArgs...)}
+	if o.SmallReplicas > 0 {
+		s.args = append(s.args, "--served-model-name", served)
+	}
 	// As vLLM does, rank r publishes on the endpoint's port + r.
 	events, err := freePortRun(ranks)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -66,7 +67,21 @@ type Options struct {
 	// (divided by the time scale like its other times); 0 leaves the
 	// product's default, one minute.
 	CompactionInterval time.Duration
-	// SimArgs are extra vllmsim flags (profile overrides).
+	// People, when set, share the fleet in place of a level's sessions
+	// (Sessions is then their sessions in all, one level): each runs its
+	// own sessions and think time (lab.Person), its agents sending its own
+	// API key so that load control tells its turns apart, and gets its own
+	// rows. OneFlow sends no key: every turn in one flow, as a proxy that
+	// tells no one apart.
+	People  []lab.Person
+	OneFlow bool
+	// SmallReplicas serve Workload.SmallModel, the side calls' model, on
+	// servers of their own beside the Replicas of Workload.Model: one
+	// Caddy site routes each request by the model its body names
+	// (warden_model) to that model's reverse_proxy, and each model gets
+	// its own rows. 0 without a small model.
+	SmallReplicas int
+	// SimArgs are extra vllmsim flags (profile overrides), for both models.
 	SimArgs []string
 	// WorkDir receives the binaries and the admin JSON snapshots.
 	WorkDir string
@@ -162,7 +177,16 @@ func (o *Options) check() error {
 	if err := (ClusterOptions{Instances: o.instances(), PinStore: o.PinStore}).check(); err != nil {
 		return err
 	}
-	if o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.BlockSize < 1 || len(o.Sessions) == 0 || o.CompactionInterval < 0 {
+	if o.People != nil && (len(o.Sessions) != 1 || o.Sessions[0] != lab.Sessions(o.People)) {
+		return errors.New("with people, the one level is their sessions in all")
+	}
+	if (o.Workload.SmallModel != "") != (o.SmallReplicas > 0) {
+		return errors.New("a small model and its replicas go together: give both or neither")
+	}
+	if o.SmallReplicas > 0 && (o.Topology != TopologyServers || o.Workload.SmallModel == o.Workload.Model) {
+		return errors.New("a small model needs the servers topology and a name of its own")
+	}
+	if o.SmallReplicas < 0 || o.Replicas < 1 || o.TimeScale <= 0 || o.Duration <= 0 || o.Warmup < 0 || o.BlockSize < 1 || len(o.Sessions) == 0 || o.CompactionInterval < 0 {
 		return errors.New("replicas, time scale, duration, block size and sessions must be positive, warm-up and compaction interval not negative")
 	}
 	return o.Workload.Validate()
@@ -218,7 +242,7 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			}
 		}
 		config := func(c *Cluster, inst *Instance) string { return caddyfile(o, policy, sims, c, inst) }
-		co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log, ModelFields: modelFields(o, policy)}
+		co := ClusterOptions{Instances: o.instances(), PinStore: o.PinStore, Bin: caddyBin, Log: o.Log, ModelFields: modelFields(o, policy), Models: o.wardenModels()}
 		if co.DataDir, err = os.MkdirTemp(storage, "fleet-"); err != nil {
 			return rows, err
 		}
@@ -226,27 +250,35 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 			return rows, err
 		}
 		if usesWarden(policy) {
-			if err := cluster.Do(http.MethodPost, "/warden/models/m/affinity", map[string]bool{"enabled": policy != "off"}); err != nil {
-				return rows, err
+			for _, m := range o.wardenModels() {
+				if err := cluster.Do(http.MethodPost, "/warden/models/"+m+"/affinity", map[string]bool{"enabled": policy != "off"}); err != nil {
+					return rows, err
+				}
 			}
 		}
 		for _, n := range o.Sessions {
 			if o.Progress != nil {
 				o.Progress(policy, n, false)
 			}
-			row, err := runLevel(ctx, o, policy, n, "http://"+cluster.Site, sims)
+			levelRows, err := runLevel(ctx, o, policy, n, "http://"+cluster.Site, sims)
 			if err != nil {
 				return rows, fmt.Errorf("%s at %d sessions: %v", policy, n, err)
 			}
-			rows = append(rows, row)
+			rows = append(rows, levelRows...)
 			if usesWarden(policy) {
 				for _, inst := range cluster.Instances {
-					name := fmt.Sprintf("admin-%s-%d.json", policy, n)
+					name := fmt.Sprintf("admin-%s-%d", policy, n)
 					if len(cluster.Instances) > 1 {
-						name = fmt.Sprintf("admin-%s-x%d-%s-%d-%s.json", policy, o.instances(), o.pinStore(), n, inst.Name)
+						name = fmt.Sprintf("admin-%s-x%d-%s-%d-%s", policy, o.instances(), o.pinStore(), n, inst.Name)
 					}
-					if err := saveAdminJSON(inst.Proc, filepath.Join(dir, name)); err != nil {
-						return rows, err
+					for _, m := range o.wardenModels() {
+						path := filepath.Join(dir, name+".json")
+						if m != "m" {
+							path = filepath.Join(dir, name+"-"+m+".json")
+						}
+						if err := saveAdminJSON(inst.Proc, m, path); err != nil {
+							return rows, err
+						}
 					}
 				}
 			}
@@ -258,68 +290,94 @@ func Run(ctx context.Context, o Options) ([]report.Row, error) {
 	return rows, nil
 }
 
+// SmallModel is the warden model of the small model's replicas, in the
+// Caddyfile and the admin API, beside m.
+const SmallModel = "small"
+
+// wardenModels are the warden models of a run's Caddyfile.
+func (o Options) wardenModels() []string {
+	if o.SmallReplicas > 0 {
+		return []string{"m", SmallModel}
+	}
+	return []string{"m"}
+}
+
 func usesWarden(policy string) bool {
 	_, variant := wardenVariants[policy]
 	return policy == "warden" || policy == "off" || variant
 }
 
 // caddyfile is an instance's Caddyfile for a policy; modelFields are the
-// JSON fields of its model that a Caddyfile does not offer.
+// JSON fields of its models that a Caddyfile does not offer. With a small
+// model, its requests, told by the model their body names, go to its own
+// replicas and warden model, as docs/models.md lays a farm out.
 func caddyfile(o Options, policy string, sims []*Sim, c *Cluster, inst *Instance) string {
-	var upstreams []string
-	for _, s := range sims {
-		upstreams = append(upstreams, s.Addr)
-	}
-	model := "replicas " + strings.Join(upstreams, " ")
-	switch {
-	case o.Topology == TopologyRanks && policy == lab.PolicyWardenEvents:
-		model = fmt.Sprintf("server %s ranks %d {\n\t\t\t\tkv_events %s %s\n\t\t\t}", upstreams[0], o.Replicas, sims[0].KVEvents, kvEventsTopic)
-	case o.Topology == TopologyRanks:
-		model = fmt.Sprintf("server %s ranks %d", upstreams[0], o.Replicas)
-	case policy == lab.PolicyWardenEvents:
-		var lines []string
-		for _, s := range sims {
-			lines = append(lines, fmt.Sprintf("replica %s {\n\t\t\t\tkv_events %s %s\n\t\t\t}", s.Addr, s.KVEvents, kvEventsTopic))
-		}
-		model = strings.Join(lines, "\n\t\t\t")
-	}
+	large, small := sims[:o.servers()], sims[o.servers():]
 	options := ""
 	if v := wardenVariants[policy]; v != nil && v(o.scaled).line != "" {
 		options = "\t\t\t" + v(o.scaled).line + "\n"
 	}
-	global := fmt.Sprintf(`	warden {
-%s		model m {
-			%s
-			max_num_seqs %d
-%s		}
+	block := func(name string, sims []*Sim) string {
+		return fmt.Sprintf("\t\tmodel %s {\n\t\t\t%s\n\t\t\tmax_num_seqs %d\n%s\t\t}\n", name, o.replicasLines(policy, sims), o.MaxNumSeqs, options)
 	}
-`, c.Global(), model, o.MaxNumSeqs, options)
+	models := block("m", large)
 	lbPolicy, site := policy, inst.SiteDirectives()
 	if usesWarden(policy) {
 		lbPolicy = "warden"
 		site += "\twarden_stop_reason\n"
 	}
-	lb := map[string]string{
-		"warden":      "lb_policy warden m",
-		"off":         "lb_policy warden m",
-		"header":      "lb_policy header " + o.Workload.SessionHeader,
-		"least_conn":  "lb_policy least_conn",
-		"round_robin": "lb_policy round_robin",
-		"vllm":        "", // one upstream: vLLM's own balancer picks the engine
-	}[lbPolicy]
+	proxy := func(matcher, model string, sims []*Sim) string {
+		lb := map[string]string{
+			"warden":      "lb_policy warden " + model,
+			"header":      "lb_policy header " + o.Workload.SessionHeader,
+			"least_conn":  "lb_policy least_conn",
+			"round_robin": "lb_policy round_robin",
+			"vllm":        "", // one upstream: vLLM's own balancer picks the engine
+		}[lbPolicy]
+		return fmt.Sprintf("\treverse_proxy %s%s {\n\t\t%s\n\t}\n", matcher, addrs(sims), lb)
+	}
+	if len(small) > 0 {
+		models += block(SmallModel, small)
+		site += fmt.Sprintf("\t@small warden_model %s\n", o.Workload.SmallModel) + proxy("@small ", SmallModel, small)
+	}
 	return fmt.Sprintf(`{
 	admin %s
 	default_bind 127.0.0.1
 	log {
 		level ERROR
 	}
-%s}
-http://%s {
-%s	reverse_proxy %s {
-		%s
-	}
+	warden {
+%s%s	}
 }
-`, inst.Admin, global, inst.Site, site, strings.Join(upstreams, " "), lb)
+http://%s {
+%s%s}
+`, inst.Admin, c.Global(), models, inst.Site, site, proxy("", "m", large))
+}
+
+// replicasLines are a warden model's lines naming its replicas, sims.
+func (o Options) replicasLines(policy string, sims []*Sim) string {
+	switch {
+	case o.Topology == TopologyRanks && policy == lab.PolicyWardenEvents:
+		return fmt.Sprintf("server %s ranks %d {\n\t\t\t\tkv_events %s %s\n\t\t\t}", sims[0].Addr, o.Replicas, sims[0].KVEvents, kvEventsTopic)
+	case o.Topology == TopologyRanks:
+		return fmt.Sprintf("server %s ranks %d", sims[0].Addr, o.Replicas)
+	case policy == lab.PolicyWardenEvents:
+		var lines []string
+		for _, s := range sims {
+			lines = append(lines, fmt.Sprintf("replica %s {\n\t\t\t\tkv_events %s %s\n\t\t\t}", s.Addr, s.KVEvents, kvEventsTopic))
+		}
+		return strings.Join(lines, "\n\t\t\t")
+	}
+	return "replicas " + addrs(sims)
+}
+
+// addrs lists the simulators' addresses, space-separated.
+func addrs(sims []*Sim) string {
+	var out []string
+	for _, s := range sims {
+		out = append(out, s.Addr)
+	}
+	return strings.Join(out, " ")
 }
 
 // modelFields are model m's JSON fields for a policy: warden's times
@@ -355,10 +413,10 @@ func (o Options) scaled(d time.Duration) string {
 	return time.Duration(float64(d) / o.TimeScale).String()
 }
 
-// saveAdminJSON keeps the model's panel as it stood after a level.
-func saveAdminJSON(caddy *caddyproc.Process, path string) error {
+// saveAdminJSON keeps a model's panel as it stood after a level.
+func saveAdminJSON(caddy *caddyproc.Process, model, path string) error {
 	var panel json.RawMessage
-	if err := caddy.Do(http.MethodGet, "/warden/models/m", nil, &panel); err != nil {
+	if err := caddy.Do(http.MethodGet, "/warden/models/"+model, nil, &panel); err != nil {
 		return err
 	}
 	var out bytes.Buffer
@@ -368,34 +426,99 @@ func saveAdminJSON(caddy *caddyproc.Process, path string) error {
 	return os.WriteFile(path, out.Bytes(), 0o644)
 }
 
-// runLevel runs one level, warm-up first, and measures it.
-func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim) (report.Row, error) {
-	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / o.TimeScale) }
-	workload := o.Workload
-	workload.Seed = agentload.LevelSeed(o.Workload.Seed, sessions)
-	workload.ThinkTime = wall(workload.ThinkTime) // the pauses pass in simulated time too
-	gen, err := agentload.NewGenerator(workload)
-	if err != nil {
-		return report.Row{}, err
+// party is the load of one person, or without people everyone's: its
+// workload and how many sessions it keeps going.
+type party struct {
+	person   *lab.Person
+	workload agentload.Config
+	sessions int
+}
+
+// parties shares a level's sessions between the people, each with its own
+// workload and, unless OneFlow, its own API key.
+func (o Options) parties(sessions int) []party {
+	if o.People == nil {
+		w := o.Workload
+		w.Seed = agentload.LevelSeed(o.Workload.Seed, sessions)
+		return []party{{workload: w, sessions: sessions}}
 	}
+	out := make([]party, len(o.People))
+	for i := range o.People {
+		p := &o.People[i]
+		out[i] = party{person: p, workload: p.Workload(o.Workload, o.Workload.Seed), sessions: p.Sessions}
+		if !o.OneFlow {
+			out[i].workload.APIKey = "sk-" + p.Name
+		}
+	}
+	return out
+}
+
+// modelFleet is the replicas of one model in a level: the simulators
+// sims[first:first+len(sims)] of the run, their engines, and the busy
+// sampler over them. Its name is the model its requests name, "" when it
+// is the only one; side marks the small model's.
+type modelFleet struct {
+	name    string
+	side    bool
+	sims    []*Sim
+	first   int
+	engines []string
+	busy    *busySampler
+}
+
+// modelFleets are the level's models: one, or the model and the small one.
+func (o Options) modelFleets(sims []*Sim, sample time.Duration) []modelFleet {
+	if o.SmallReplicas == 0 {
+		return []modelFleet{{sims: sims, engines: o.engines(), busy: newBusySampler(sims, sample)}}
+	}
+	n := o.servers()
+	var small []string
+	for i := range o.SmallReplicas {
+		small = append(small, "s"+strconv.Itoa(i)+"/0")
+	}
+	return []modelFleet{
+		{name: o.Workload.Model, sims: sims[:n], engines: o.engines(), busy: newBusySampler(sims[:n], sample)},
+		{name: o.Workload.SmallModel, side: true, sims: sims[n:], first: n, engines: small, busy: newBusySampler(sims[n:], sample)},
+	}
+}
+
+// results are the fleet's model's among results.
+func (f modelFleet) results(results []agentload.Result) []agentload.Result {
+	if f.name == "" {
+		return results
+	}
+	return slices.DeleteFunc(slices.Clone(results), func(r agentload.Result) bool { return r.Side != f.side })
+}
+
+// runLevel runs one level, warm-up first, and measures it: one row, or
+// one per model, and with people one per person of each.
+func runLevel(ctx context.Context, o Options, policy string, sessions int, base string, sims []*Sim) ([]report.Row, error) {
+	wall := func(d time.Duration) time.Duration { return time.Duration(float64(d) / o.TimeScale) }
+	parties := o.parties(sessions)
+	fleets := o.modelFleets(sims, wall(time.Second))
 	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.Proxy = nil // loopback only
-	transport.MaxIdleConnsPerHost = sessions
+	transport.Proxy = nil                        // loopback only
+	transport.MaxIdleConnsPerHost = 2 * sessions // a turn and its side call
 	defer transport.CloseIdleConnections()
 	// The bound is the level's own: the best hit rate on its request stream
 	// from a cold cache (each level draws its own sessions).
 	bound := newBoundRecorder(o.Workload.SessionHeader, o.BlockSize)
 	bound.measureFrom(time.Now().Add(time.Hour)) // nothing counts during the warm-up
-	runner := &agentload.Runner{
-		Generator: gen, BaseURL: base, Sessions: sessions, Duration: wall(o.Warmup + o.Duration),
-		Client: &http.Client{Transport: bound.through(transport)}, OnResult: bound.onResult,
+	client := &http.Client{Transport: bound.through(transport)}
+	runners := make([]*agentload.Runner, len(parties))
+	for i, p := range parties {
+		p.workload.ThinkTime = wall(p.workload.ThinkTime) // the pauses pass in simulated time too
+		gen, err := agentload.NewGenerator(p.workload)
+		if err != nil {
+			return nil, err
+		}
+		runners[i] = &agentload.Runner{Generator: gen, BaseURL: base, Sessions: p.sessions, Duration: wall(o.Warmup + o.Duration), Client: client, OnResult: bound.onResult}
 	}
 
 	// The measured window opens after the warm-up: counters, busy samples
 	// and the hit bound start there.
 	var before []metricsfeed.Scrape
 	var measureErr error
-	sampler := newBusySampler(sims, wall(time.Second))
 	samplerCtx, stopSampler := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -406,39 +529,93 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		}
 		bound.measureFrom(time.Now())
 		before, measureErr = ScrapeAll(ctx, sims)
-		sampler.run(samplerCtx)
+		var samplers sync.WaitGroup
+		for _, f := range fleets {
+			samplers.Go(func() { f.busy.run(samplerCtx) })
+		}
+		samplers.Wait()
 	})
-	rep, err := runner.Run(ctx)
+	reports := make([]agentload.Report, len(runners))
+	errs := make([]error, len(runners)+1)
+	var load sync.WaitGroup
+	for i, r := range runners {
+		load.Go(func() { reports[i], errs[i] = r.Run(ctx) })
+	}
+	load.Wait()
 	stopSampler()
 	wg.Wait()
-	if err == nil {
-		err = measureErr
-	}
-	if err != nil {
-		return report.Row{}, err
+	errs[len(runners)] = measureErr
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	if before == nil {
-		return report.Row{}, errors.New("the level ended before its warm-up did")
+		return nil, errors.New("the level ended before its warm-up did")
 	}
 	after, err := ScrapeAll(ctx, sims)
 	if err != nil {
-		return report.Row{}, err
+		return nil, err
 	}
-	sum := agentload.Summarize(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End)
-	place := Place(rep.Results, rep.Start.Add(wall(o.Warmup)), rep.End, o.engines())
-	d := counterDeltas(before, after)
+	start, end := reports[0].Start, reports[0].End
+	var all []agentload.Result
+	for _, rep := range reports {
+		start, end = minTime(start, rep.Start), maxTime(end, rep.End)
+		all = append(all, rep.Results...)
+	}
+	from := start.Add(wall(o.Warmup))
+	var rows []report.Row
+	for _, f := range fleets {
+		row := o.fleetRow(policy, sessions, f, f.results(all), from, end, before, after, bound)
+		if o.People == nil {
+			rows = append(rows, row)
+			continue
+		}
+		for i, p := range parties {
+			rows = append(rows, p.person.Row(row, agentload.Summarize(f.results(reports[i].Results), from, end), o.TimeScale))
+		}
+	}
+	return rows, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// fleetRow is a model's row of a level: what its clients saw of its
+// requests, results, over [from, to], and what its replicas counted
+// between the scrapes before and after.
+func (o Options) fleetRow(policy string, sessions int, f modelFleet, results []agentload.Result, from, to time.Time, before, after []metricsfeed.Scrape, bound *boundRecorder) report.Row {
+	sum := agentload.Summarize(results, from, to)
+	place := Place(results, from, to, f.engines)
+	span := func(s []metricsfeed.Scrape) []metricsfeed.Scrape { return s[f.first : f.first+len(f.sims)] }
+	d := counterDeltas(span(before), span(after))
+	var models []string
+	if f.name != "" {
+		models = []string{f.name}
+	}
 	row := report.Row{
 		Mode:            report.ModeRun,
 		Policy:          policy,
 		Sessions:        sessions,
 		Seed:            int64(o.Seed),
 		DurationS:       o.Duration.Seconds(),
-		ReplicasBusy:    sampler.mean(),
-		HitBoundPercent: bound.percent(),
+		ReplicasBusy:    f.busy.mean(),
+		HitBoundPercent: bound.percent(models...),
 		Preemptions:     uint64(d.preemptions),
+		ReplicaRequests: int(d.requests),
 		HostTierGiB:     d.hostTierGiB,
-		Replicas:        o.Replicas,
+		Replicas:        len(f.engines),
 		Topology:        o.Topology,
+		Model:           f.name,
 
 		TurnsOnReplicaPercent: place.TurnsOnReplica,
 		TurnsChangedReplica:   place.Changed,
@@ -453,7 +630,7 @@ func runLevel(ctx context.Context, o Options, policy string, sessions int, base 
 		row.PrefixHitPercent = 100 * d.hits / d.queries
 		row.HostHitPercent = 100 * d.hostHits / d.queries
 	}
-	return row, nil
+	return row
 }
 
 // ScrapeAll reads every simulator's /metrics.
@@ -471,11 +648,11 @@ func ScrapeAll(ctx context.Context, sims []*Sim) ([]metricsfeed.Scrape, error) {
 	return out, nil
 }
 
-// deltas is the growth of the engines' prefix-cache, host-tier and
-// preemption counters between two scrapes of the fleet, and the size of
-// an engine's host tier (0: none).
+// deltas is the growth of the engines' prefix-cache, host-tier,
+// preemption and finished-request counters between two scrapes of the
+// fleet, and the size of an engine's host tier (0: none).
 type deltas struct {
-	hits, hostHits, queries, preemptions, hostTierGiB float64
+	hits, hostHits, queries, preemptions, requests, hostTierGiB float64
 }
 
 func counterDeltas(before, after []metricsfeed.Scrape) deltas {
@@ -486,6 +663,7 @@ func counterDeltas(before, after []metricsfeed.Scrape) deltas {
 				t.hostHits += e.ExternalHits
 				t.queries += e.PrefixQueries
 				t.preemptions += e.Preemptions
+				t.requests += e.RequestSuccess
 				t.hostTierGiB = max(t.hostTierGiB, e.HostTierGiB)
 			}
 		}
@@ -493,5 +671,5 @@ func counterDeltas(before, after []metricsfeed.Scrape) deltas {
 	}
 	b, a := total(before), total(after)
 	return deltas{hits: a.hits - b.hits, hostHits: a.hostHits - b.hostHits, queries: a.queries - b.queries,
-		preemptions: a.preemptions - b.preemptions, hostTierGiB: a.hostTierGiB}
+		preemptions: a.preemptions - b.preemptions, requests: a.requests - b.requests, hostTierGiB: a.hostTierGiB}
 }

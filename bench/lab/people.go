@@ -11,6 +11,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/report"
 )
 
 // Person is one of the people who share a fleet (Config.People): Sessions
@@ -83,12 +84,22 @@ func Sessions(people []Person) int {
 	return n
 }
 
-// workload is p's workload in a run seeded with seed: the same whoever
+// Workload is p's workload in a run seeded with seed: the same whoever
 // shares the fleet, so that a person's runs alone and beside others compare.
-func (p Person) workload(wl agentload.Config, seed int64) agentload.Config {
+func (p Person) Workload(wl agentload.Config, seed int64) agentload.Config {
 	wl.ThinkTime = p.ThinkTime
 	wl.Seed = agentload.LevelSeed(seed, p.Sessions) ^ int64(xxhash.Sum64String(p.Name)>>1)
 	return wl
+}
+
+// Row is p's row of a run: the fleet's figures (hits, busy replicas,
+// preemptions) from fleet, the client's from p's own summary, whose clock
+// runs timeScale times slower than the reported one (report.Row.SetClientSide).
+func (p Person) Row(fleet report.Row, sum agentload.Summary, timeScale float64) report.Row {
+	row := fleet
+	row.Person, row.Sessions, row.ThinkTimeS = p.Name, p.Sessions, p.ThinkTime.Seconds()
+	row.SetClientSide(sum, timeScale)
+	return row
 }
 
 // checkPlan reports a plan whose levels are not the people's sessions.

@@ -296,7 +296,7 @@ func (s *sim) seat(sessions int) error {
 		if cfg.OneFlow {
 			flow, weight = "", 0
 		}
-		if err := s.addPerson(p.workload(cfg.Workload, s.seed), flow, weight); err != nil {
+		if err := s.addPerson(p.Workload(cfg.Workload, s.seed), flow, weight); err != nil {
 			return err
 		}
 		for j := first; j < first+p.Sessions; j++ {
@@ -618,9 +618,7 @@ func (o *outcome) rows(policy string, people []Person) []report.Row {
 	}
 	rows := make([]report.Row, len(people))
 	for i, p := range people {
-		rows[i] = o.row(policy)
-		rows[i].Person, rows[i].Sessions, rows[i].ThinkTimeS = p.Name, p.Sessions, p.ThinkTime.Seconds()
-		rows[i].SetClientSide(o.people[i], 1)
+		rows[i] = p.Row(o.row(policy), o.people[i], 1)
 	}
 	return rows
 }

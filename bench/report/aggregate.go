@@ -87,9 +87,16 @@ type series struct {
 	setup string
 	// person is the row's Person: "" for everyone's.
 	person string
+	// model is the row's Model: "" for the only one.
+	model string
 }
 
 func (s series) label(mixedModes bool) string {
+	if s.model != "" {
+		plain := s
+		plain.model = ""
+		return plain.label(mixedModes) + " " + s.model
+	}
 	if s.person != "" {
 		plain := s
 		plain.person = ""
@@ -154,7 +161,7 @@ func aggregate(rows []Row) (points []point, order []series) {
 	rank := map[series]int{}
 	index := map[series]map[int]int{}
 	for _, r := range rows {
-		s := series{r.Mode, r.Policy, r.Setup(), r.Person}
+		s := series{r.Mode, r.Policy, r.Setup(), r.Person, r.Model}
 		if _, ok := rank[s]; !ok {
 			rank[s] = len(order)
 			order = append(order, s)

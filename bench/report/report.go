@@ -91,6 +91,10 @@ type Row struct {
 	SessionsCompleted int `json:"sessions_completed"`
 	// Preemptions is the engines' preemption count over the window.
 	Preemptions uint64 `json:"preemptions"`
+	// ReplicaRequests is how many requests the row's replicas finished
+	// over the window by their own counters (vllm:request_success), in an
+	// end-to-end run: with two models, each model's replicas' own.
+	ReplicaRequests int `json:"replica_requests,omitempty"`
 	// Outcomes counts, for a warden policy in the lab, why it routed each
 	// request where it did (sticky, placed, spilled, rehomed...), warm-up
 	// included.
@@ -107,6 +111,10 @@ type Row struct {
 	// of the people sharing the fleet (lab.Person; its Sessions and
 	// ThinkTimeS are the person's); "" is everyone's.
 	Person string `json:"person,omitempty"`
+	// Model names whose requests the row measures, client side and on its
+	// own replicas, when two models share the address (an agent's main
+	// model and its small one); "" is the only model's.
+	Model string `json:"model,omitempty"`
 
 	// Instances is how many Caddy instances routed (behind a front that
 	// picks one at random per request); 0 or 1 is one, without a front.

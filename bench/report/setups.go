@@ -72,7 +72,7 @@ func PrintSetups(w io.Writer, rows []Row) error {
 		if strings.HasSuffix(p.setup, " none") || p.setup == "" {
 			continue
 		}
-		single, ok := findPoint(points, series{p.mode, p.policy, "", ""}, p.sessions)
+		single, ok := findPoint(points, series{mode: p.mode, policy: p.policy}, p.sessions)
 		if !ok {
 			continue
 		}

@@ -86,6 +86,31 @@ func (c *common) register(fs *flag.FlagSet) {
 	})
 }
 
+// peopleFlags are --people and --flows, which the lab and the run share.
+type peopleFlags struct {
+	spec  string
+	flows bool
+}
+
+func (p *peopleFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.spec, "people", "", `people sharing the fleet, in place of --sessions, each with its turns in its own flow and its own rows: "two" (one person's 20 agents without pauses beside another's 2 conversations at a terminal, 30 s between turns) or name:sessions:think-time[:weight],...`)
+	fs.BoolVar(&p.flows, "flows", true, "with --people, tell the people apart (false: every turn in one flow, as a proxy that tells no one apart)")
+}
+
+// people returns the people --people names (nil without it), and makes
+// their sessions in all c's one level.
+func (p *peopleFlags) people(c *common) ([]lab.Person, error) {
+	if p.spec == "" {
+		return nil, nil
+	}
+	people, err := lab.ParsePeople(p.spec)
+	if err != nil {
+		return nil, fmt.Errorf("--people: %w", err)
+	}
+	c.levels = intList{lab.Sessions(people)}
+	return people, nil
+}
+
 // engineProfile is every replica's profile, its host tier sized.
 func (c *common) engineProfile() engine.Profile {
 	return lab.WithHostTierTimesGPU(c.profile, c.hostTierTimes)

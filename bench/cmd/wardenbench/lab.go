@@ -25,8 +25,8 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
 	tail := fs.Duration("conversation-tail", lab.DefaultConversationTail, "how long past the window the load goes on so that the conversations sent in it end and are timed")
 	bodyBytes := fs.Float64("body-bytes-per-token", 0, "request body bytes per prompt token as the proxy sees them (0: the simulator's 4); models a denser or looser tokenizer")
-	people := fs.String("people", "", `people sharing the fleet, in place of --sessions, each with its turns in its own flow and its own rows: "two" (one person's 20 agents without pauses beside another's 2 conversations at a terminal, 30 s between turns) or name:sessions:think-time[:weight],...`)
-	flows := fs.Bool("flows", true, "with --people, tell the people apart (false: every turn in one flow, as a proxy that tells no one apart)")
+	var people peopleFlags
+	people.register(fs)
 	if err := parseAll(fs, args); err != nil {
 		return err
 	}
@@ -35,13 +35,10 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Warm, cfg.BodyBytesPerToken, cfg.ConversationTail = *warm, *bodyBytes, *tail
-	if *people != "" {
-		if cfg.People, err = lab.ParsePeople(*people); err != nil {
-			return fmt.Errorf("--people: %w", err)
-		}
-		cfg.OneFlow = !*flows
-		c.levels = intList{lab.Sessions(cfg.People)}
+	if cfg.People, err = people.people(c); err != nil {
+		return err
 	}
+	cfg.OneFlow = !people.flows
 	plan := lab.Plan{Policies: c.policies, Levels: c.levels, Seeds: c.seedList()}
 
 	bar := newProgress(stderr, plan.Runs(), "lab")

@@ -10,6 +10,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/lmwarden/caddy-warden/bench/e2e"
+	"github.com/lmwarden/caddy-warden/bench/lab"
 	"github.com/lmwarden/caddy-warden/bench/report"
 )
 
@@ -36,6 +37,11 @@ type runOptions struct {
 	// CompactionInterval is warden's compaction_interval, simulated time
 	// (0: the product's default).
 	CompactionInterval time.Duration
+	// People share the fleet in place of the levels (see e2e.Options).
+	People  []lab.Person
+	OneFlow bool
+	// SmallReplicas serve the workload's small model, if it has one.
+	SmallReplicas int
 }
 
 // setup is one layout of the Caddy side.
@@ -87,9 +93,16 @@ func parseRunOptions(args []string, stderr io.Writer) (runOptions, error) {
 	fs.StringVar(&opts.PinStore, "pin-store", e2e.PinStoreNone, "what the instances share: none, or redis (a private redis-server the run starts)")
 	fs.DurationVar(&opts.CompactionInterval, "compaction-interval", 0, "warden's compaction_interval in simulated time (0: the product's default, 1m)")
 	fs.BoolVar(&opts.Compare, "compare", true, "with --instances > 1, measure one instance and (with a pin store) the instances without it first, and compare")
+	fs.IntVar(&opts.SmallReplicas, "small-replicas", 1, "with --small-model, replicas serving it beside the --replicas of --model")
+	var people peopleFlags
+	people.register(fs)
 	if err := parseAll(fs, args); err != nil {
 		return runOptions{}, err
 	}
+	if opts.People, err = people.people(c); err != nil {
+		return runOptions{}, err
+	}
+	opts.OneFlow = !people.flows
 	policiesSet := false
 	fs.Visit(func(f *flag.Flag) { policiesSet = policiesSet || f.Name == "policies" })
 	if !policiesSet {
@@ -138,6 +151,14 @@ func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar
 	return rows, err
 }
 
+// smallReplicas is how many replicas serve the small model: none without one.
+func (opts runOptions) smallReplicas() int {
+	if opts.workload.SmallModel == "" {
+		return 0
+	}
+	return opts.SmallReplicas
+}
+
 // e2eOptions lays out one seed's run with one layout of the Caddy side.
 func (opts runOptions) e2eOptions(seed int64, setup setup, progress func(policy string, sessions int, done bool)) e2e.Options {
 	workload := opts.workload
@@ -160,6 +181,9 @@ func (opts runOptions) e2eOptions(seed int64, setup setup, progress func(policy 
 		SimArgs:    append(opts.engineProfile().Args(), fmt.Sprintf("--enable-prompt-tokens-details=%t", opts.cachedTokens)),
 
 		CompactionInterval: opts.CompactionInterval,
+		People:             opts.People,
+		OneFlow:            opts.OneFlow,
+		SmallReplicas:      opts.smallReplicas(),
 		WorkDir:            opts.OutDir,
 		Progress:           progress,
 	}
