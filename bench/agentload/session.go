@@ -132,6 +132,10 @@ func (g *Generator) Config() Config { return g.cfg }
 // SystemPrompt returns the system prompt shared by every session of the run.
 func (g *Generator) SystemPrompt() string { return g.system }
 
+// SideCallSystemPrompt returns the system prompt every side call of the run
+// shares (Session.SideCall).
+func (g *Generator) SideCallSystemPrompt() string { return g.sideSystem }
+
 // CompactionPrompt returns the summarise instruction a summarising request
 // appends to the history.
 func (g *Generator) CompactionPrompt() string { return g.compactPrompt }

@@ -16,7 +16,7 @@ func TestLoadControlHoldsTurnsDeepInOverload(t *testing.T) {
 	hits := map[string]float64{}
 	for _, name := range []string{PolicyWarden, PolicyAdmission} {
 		policy, out := runFresh(t, cfg, name, 32, 3)
-		hits[name] = out.row(name).PrefixHitPercent
+		hits[name] = out.row(name, 0).PrefixHitPercent
 		if p, ok := policy.(*admissionPolicy); ok {
 			st := p.view.Status().Admission
 			if st.Queued == 0 || st.Waiting != 0 || len(p.waiting) != 0 {

@@ -87,6 +87,12 @@ type Config struct {
 	// (load control's queue is then first come, first served).
 	People  []Person
 	OneFlow bool
+	// SmallReplicas are engines of the same profile that serve
+	// Workload.SmallModel, the side calls' model, beside the Replicas that
+	// serve the main turns, each model routed by its own instance of the
+	// policy as a Caddy site routes by warden_model; each model gets its
+	// own rows. 0 without a small model.
+	SmallReplicas int
 }
 
 // DefaultWarmup is Config.Warmup's default: at every level of the seed's
@@ -130,6 +136,9 @@ func (c Config) Validate() error {
 	}
 	if c.MetricsInterval <= 0 {
 		errs = append(errs, fmt.Errorf("metrics interval must be positive, got %v", c.MetricsInterval))
+	}
+	if (c.Workload.SmallModel != "") != (c.SmallReplicas > 0) {
+		errs = append(errs, fmt.Errorf("a small model and its replicas go together: got model %q and %d replicas", c.Workload.SmallModel, c.SmallReplicas))
 	}
 	if c.SpillThreshold < 0 {
 		errs = append(errs, fmt.Errorf("spill threshold must be 0 (auto) or positive, got %d", c.SpillThreshold))
@@ -190,8 +199,18 @@ func (p Plan) check() error {
 	return CheckPolicies(p.Policies)
 }
 
+// models are the names of the models the rows measure: "" for the only
+// one, else the main model and the small one.
+func (c Config) models() []string {
+	if c.SmallReplicas == 0 {
+		return []string{""}
+	}
+	return []string{c.Workload.Model, c.Workload.SmallModel}
+}
+
 // Sweep runs the plan on up to workers goroutines (0: one per CPU) and returns
-// one row per run (with people, one per person of each run), ordered by
+// one row per run (with people, one per person of each run; with a small
+// model, those of each model, the main one's first), ordered by
 // seed, policy, then level. The rows do not depend on workers. progress, if not nil, is called after each run, from any
 // goroutine but never concurrently.
 func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, error) {
@@ -206,7 +225,7 @@ func Sweep(cfg Config, plan Plan, workers int, progress func()) ([]report.Row, e
 	if err := checkPlan(cfg.People, plan); err != nil {
 		return nil, err
 	}
-	perRun := max(1, len(cfg.People))
+	perRun := max(1, len(cfg.People)) * len(cfg.models())
 	// A job is what must run in sequence: one run from a fresh fleet, or a
 	// whole seed on its warm fleet.
 	type job struct {
@@ -270,7 +289,7 @@ func runSeries(cfg Config, seed int64, policies []string, levels []int, rows []r
 	i := 0
 	for _, name := range policies {
 		env := newEnv(cfg, f, seed)
-		policy, err := policyFactories[name](env)
+		policy, policies, err := newModelsPolicy(env, name)
 		if err != nil {
 			return fmt.Errorf("lab: policy %s: %w", name, err)
 		}
@@ -279,12 +298,14 @@ func runSeries(cfg Config, seed int64, policies []string, levels []int, rows []r
 			if err != nil {
 				return fmt.Errorf("lab: %s at %d sessions, seed %d: %w", name, sessions, seed, err)
 			}
-			for _, row := range out.rows(name, cfg.People) {
-				if o, ok := policy.(outcomeCounter); ok {
-					row.Outcomes = o.outcomes()
+			for m, modelRows := range out.rows(name, cfg.People) {
+				for _, row := range modelRows {
+					if o, ok := policies[m].(outcomeCounter); ok {
+						row.Outcomes = o.outcomes()
+					}
+					rows[i] = row
+					i++
 				}
-				rows[i] = row
-				i++
 			}
 			done()
 		}

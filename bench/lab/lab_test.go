@@ -80,8 +80,8 @@ func TestShortRunsAccountForEveryRequest(t *testing.T) {
 	for _, name := range PolicyNames() {
 		for _, sessions := range []int{2, 12} {
 			_, out := runFresh(t, cfg, name, sessions, 7)
-			s, sum, row := out.sim, out.summary, out.row(name)
-			delta := func(f func(engine.Stats) uint64) uint64 { return f(out.after) - f(out.before) }
+			s, sum, row := out.sim, out.models[0].summary, out.row(name, 0)
+			delta := func(f func(engine.Stats) uint64) uint64 { return f(out.models[0].after) - f(out.models[0].before) }
 			queries := delta(func(s engine.Stats) uint64 { return s.PrefixCacheQueries })
 			hits := delta(func(s engine.Stats) uint64 { return s.PrefixCacheHits })
 			served := delta(func(s engine.Stats) uint64 {
@@ -107,10 +107,10 @@ func TestShortRunsAccountForEveryRequest(t *testing.T) {
 				t.Errorf("%s: engines served %d and aborted %d; clients saw %d succeed and %d cut", where, served, aborted, sum.Succeeded, sum.Cut)
 			case uint64(sum.OutputTokens) > generated:
 				t.Errorf("%s: clients received %d tokens, engines generated %d", where, sum.OutputTokens, generated)
-			case s.boundQueries != queries:
-				t.Errorf("%s: the bound covers %d prompt tokens, the engines counted %d", where, s.boundQueries, queries)
-			case hits > s.boundHits || row.PrefixHitPercent > row.HitBoundPercent:
-				t.Errorf("%s: %d hits (%.1f%%) beat the bound %d (%.1f%%)", where, hits, row.PrefixHitPercent, s.boundHits, row.HitBoundPercent)
+			case s.boundQueries[0] != queries:
+				t.Errorf("%s: the bound covers %d prompt tokens, the engines counted %d", where, s.boundQueries[0], queries)
+			case hits > s.boundHits[0] || row.PrefixHitPercent > row.HitBoundPercent:
+				t.Errorf("%s: %d hits (%.1f%%) beat the bound %d (%.1f%%)", where, hits, row.PrefixHitPercent, s.boundHits[0], row.HitBoundPercent)
 			case row.ReplicasBusy <= 0 || row.ReplicasBusy > float64(cfg.Replicas):
 				t.Errorf("%s: %.2f replicas busy of %d", where, row.ReplicasBusy, cfg.Replicas)
 			case row.TTFBP50S <= 0 || row.TTFBP50S > row.TTFBP95S || row.OutputTokensPerMin <= 0:
@@ -235,7 +235,7 @@ func TestConversationTimes(t *testing.T) {
 		return out
 	}
 	out := run(DefaultConversationTail)
-	row := out.row(PolicyWarden)
+	row := out.row(PolicyWarden, 0)
 
 	// Each conversation sent in the window: its end and the sum of its turn times.
 	from, to := virtualTime(out.sim.measured), virtualTime(out.sim.end)
@@ -299,7 +299,7 @@ func TestConversationTimes(t *testing.T) {
 		return r
 	}
 	for _, tail := range []time.Duration{0, 5 * time.Second} {
-		short := run(tail).row(PolicyWarden)
+		short := run(tail).row(PolicyWarden, 0)
 		if short.ConversationsCut == 0 || short.ConversationsTimed+short.ConversationsCut != row.ConversationsTimed {
 			t.Errorf("tail %v: %d conversations timed and %d cut, want some cut of %d", tail, short.ConversationsTimed, short.ConversationsCut, row.ConversationsTimed)
 		}

@@ -45,13 +45,13 @@ func TestPeopleShareTheFleetInTheirOwnFlows(t *testing.T) {
 	if !slices.Equal(ids, want) {
 		t.Errorf("flows %x, want farm's and person's %x", ids, want)
 	}
-	rows := out.rows(PolicyAdmission, cfg.People)
+	rows := out.rows(PolicyAdmission, cfg.People)[0]
 	if len(rows) != 2 || rows[0].Person != "farm" || rows[0].Sessions != 20 || rows[1].Person != "person" ||
 		rows[1].Sessions != 2 || rows[1].ThinkTimeS != 30 || rows[0].Requests == 0 || rows[1].Requests == 0 {
 		t.Fatalf("rows %+v", rows)
 	}
-	if rows[0].Requests+rows[1].Requests != out.summary.Requests {
-		t.Errorf("the people's rows count %d and %d requests, the run %d", rows[0].Requests, rows[1].Requests, out.summary.Requests)
+	if rows[0].Requests+rows[1].Requests != out.models[0].summary.Requests {
+		t.Errorf("the people's rows count %d and %d requests, the run %d", rows[0].Requests, rows[1].Requests, out.models[0].summary.Requests)
 	}
 
 	cfg.OneFlow = true

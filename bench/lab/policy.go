@@ -27,6 +27,9 @@ type Arrival struct {
 	Prefix promptprefix.Prefix
 	// Now is the arrival's virtual time.
 	Now time.Duration
+	// Side marks a side call to the small model (Config.SmallReplicas),
+	// which the agent names auxiliary: load control lets it through.
+	Side bool
 }
 
 // Policy routes requests to engines, as a proxy in front of them would.
@@ -63,6 +66,10 @@ type Env struct {
 	rng   *rand.Rand
 	tasks []*task
 	run   *sim // the run in progress
+	// whole is, for the Env of one model's engines (Env.part), the Env of
+	// every engine, which runs the tasks and the runs; nil on that one.
+	whole *Env
+	first int // the part's first engine in whole's
 	// kvEvents, when set, receives each engine's KV cache events at the
 	// end of each of its steps, as vLLM publishes them.
 	kvEvents func(engine int, events []engine.KVEvent)
@@ -89,7 +96,35 @@ func (e *Env) FollowKVEvents(fn func(engine int, events []engine.KVEvent)) {
 	for _, eng := range e.fleet.engines {
 		eng.EnableKVEvents()
 	}
-	e.kvEvents = fn
+	if e.whole == nil {
+		e.kvEvents = fn
+		return
+	}
+	others, first, n := e.whole.kvEvents, e.first, len(e.fleet.engines)
+	e.whole.kvEvents = func(i int, events []engine.KVEvent) {
+		switch {
+		case i >= first && i < first+n:
+			fn(i-first, events)
+		case others != nil:
+			others(i, events)
+		}
+	}
+}
+
+// part is the Env of the engines [first, first+n) of e's, as a policy that
+// routes one model's requests sees them; its tasks run with e's.
+func (e *Env) part(first, n int, seed uint64) *Env {
+	f := *e.fleet
+	f.engines, f.addresses = f.engines[first:first+n], f.addresses[first:first+n]
+	return &Env{cfg: e.cfg, fleet: &f, rng: rand.New(rand.NewPCG(seed, 0x1ab)), whole: e, first: first}
+}
+
+// top is the Env that runs the tasks and the runs: e, or its whole.
+func (e *Env) top() *Env {
+	if e.whole != nil {
+		return e.whole
+	}
+	return e
 }
 
 // Config returns the lab's configuration (profile, metrics interval, spill threshold).
@@ -105,14 +140,15 @@ func (e *Env) Address(i int) string { return e.fleet.addresses[i] }
 func (e *Env) Stats(i int) engine.Stats { return e.fleet.engines[i].Stats() }
 
 // Now is the run's virtual time.
-func (e *Env) Now() time.Duration { return e.run.now }
+func (e *Env) Now() time.Duration { return e.top().run.now }
 
 // Rand is the policy's own random stream, seeded by the run's seed.
 func (e *Env) Rand() *rand.Rand { return e.rng }
 
 // Every calls fn now and then every interval of virtual time while requests run.
 func (e *Env) Every(interval time.Duration, fn func(now time.Duration)) {
-	e.tasks = append(e.tasks, &task{interval: interval, next: e.fleet.clock, fn: fn})
+	top := e.top()
+	top.tasks = append(top.tasks, &task{interval: interval, next: e.fleet.clock, fn: fn})
 }
 
 // Policy names of DESIGN §4, plus vLLM balancer variants.

@@ -46,24 +46,29 @@ type simFleet struct {
 	clock     time.Duration // virtual time reached; the next run starts here
 }
 
+// newFleet makes the engines: the Replicas, then the SmallReplicas.
 func newFleet(cfg Config) (*simFleet, error) {
 	f := &simFleet{bound: hitbound.New(cfg.Profile.BlockSize)}
-	for i := range cfg.Replicas {
+	for i := range cfg.Replicas + cfg.SmallReplicas {
 		e, err := engine.New(cfg.Profile)
 		if err != nil {
 			return nil, err
 		}
 		f.engines = append(f.engines, e)
 		// As a servers topology would list them behind Caddy.
-		f.addresses = append(f.addresses, fmt.Sprintf("127.0.0.1:%d", 8001+i))
+		port := 8001 + i
+		if i >= cfg.Replicas {
+			port = 9001 + i - cfg.Replicas
+		}
+		f.addresses = append(f.addresses, fmt.Sprintf("127.0.0.1:%d", port))
 	}
 	return f, nil
 }
 
-// counters adds up the engines' counters.
-func (f *simFleet) counters() engine.Stats {
+// counters adds up the counters of the engines [first, first+n).
+func (f *simFleet) counters(first, n int) engine.Stats {
 	var sum engine.Stats
-	for _, e := range f.engines {
+	for _, e := range f.engines[first : first+n] {
 		s := e.Stats()
 		sum.PrefixCacheQueries += s.PrefixCacheQueries
 		sum.PrefixCacheHits += s.PrefixCacheHits
@@ -115,6 +120,11 @@ type slot struct {
 	person  int // its index in sim.people
 	session *agentload.Session
 	current *request
+	// side is the side call sent with the current turn, while in flight;
+	// waitSide is set when the turn ended first: the agent goes on when
+	// both have ended, as the HTTP runner does.
+	side     *request
+	waitSide bool
 	// unhold drops the turn a Holder policy holds, nil when none is held.
 	unhold func() bool
 	paused bool // the pending turn's think time has passed
@@ -129,6 +139,7 @@ type request struct {
 	engine   int
 	release  func(loadcontrol.Reply)
 	final    bool // its reply ends the agent's task
+	side     bool // a side call, to the small model's engines
 	session  *agentload.Session
 	req      *engine.Request
 	chain    hitbound.Chain // the prompt's block hashes, for the hit bound
@@ -176,27 +187,40 @@ type sim struct {
 	// personOf is each session's person, with Config.People.
 	personOf map[string]int
 
-	busySamples, busyTotal  int
-	boundHits, boundQueries uint64
+	// busyTotal, boundHits and boundQueries are by model (Config.models).
+	busySamples             int
+	busyTotal               []int
+	boundHits, boundQueries []uint64
 	routed                  int
 }
 
 // personRun is a person's part of a run: its sessions' generator, their
 // prefix parts (the run's system prompt) and its flow.
 type personRun struct {
-	gen    *agentload.Generator
-	prefix promptprefix.Prefix
-	flow   string
-	weight float64
+	gen        *agentload.Generator
+	prefix     promptprefix.Prefix
+	sidePrefix promptprefix.Prefix // of its side calls
+	flow       string
+	weight     float64
 }
 
 // outcome is a run's measurements, with what the tests check besides the row.
 type outcome struct {
 	sim     *sim
 	summary agentload.Summary
-	// people is each person's summary, with Config.People.
-	people        []agentload.Summary
-	before, after engine.Stats
+	// models are each model's measurements (Config.models).
+	models []modelOutcome
+}
+
+// modelOutcome is a model's part of a run's measurements: its engines
+// [first, first+engines), the summary of its requests, and with people
+// each one's.
+type modelOutcome struct {
+	name           string
+	first, engines int
+	summary        agentload.Summary
+	people         []agentload.Summary
+	before, after  engine.Stats
 }
 
 func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, error) {
@@ -210,10 +234,18 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 		slots:      make([]slot, sessions),
 		byRequest:  map[*engine.Request]*request{},
 	}
+	out := &outcome{sim: s}
+	for i, name := range cfg.models() {
+		m := modelOutcome{name: name, engines: cfg.Replicas}
+		if i > 0 {
+			m.first, m.engines = cfg.Replicas, cfg.SmallReplicas
+		}
+		out.models = append(out.models, m)
+	}
+	s.busyTotal, s.boundHits, s.boundQueries = make([]int, len(out.models)), make([]uint64, len(out.models)), make([]uint64, len(out.models))
 	if err := s.seat(sessions); err != nil {
 		return nil, err
 	}
-	out := &outcome{sim: s}
 	env.run = s
 	// The window opens before anything else scheduled at its instant.
 	s.schedule(s.measured, eventMeasure, 0)
@@ -247,7 +279,10 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 		case eventStepEnd:
 			s.endStep(ev.index)
 		case eventMeasure:
-			out.before = f.counters()
+			for i := range out.models {
+				m := &out.models[i]
+				m.before = f.counters(m.first, m.engines)
+			}
 			s.openWindow()
 		}
 	}
@@ -255,7 +290,10 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 		next()
 	}
 	s.now = s.end
-	out.after = f.counters()
+	for i := range out.models {
+		m := &out.models[i]
+		m.after = f.counters(m.first, m.engines)
+	}
 	if s.awaited > 0 && cfg.ConversationTail > 0 {
 		// Play on until the conversations sent in the window have ended;
 		// otherwise the run ends here, its requests in flight cut.
@@ -271,10 +309,15 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 	s.cutInFlight()
 	f.clock = s.now
 	results := slices.Concat(s.results, s.windowCut)
-	out.summary = agentload.Summarize(results, virtualTime(s.measured), virtualTime(s.end))
-	for i := range cfg.People {
-		mine := slices.DeleteFunc(slices.Clone(results), func(r agentload.Result) bool { return s.personOf[r.SessionID] != i })
-		out.people = append(out.people, agentload.Summarize(mine, virtualTime(s.measured), virtualTime(s.end)))
+	for i := range out.models {
+		m := &out.models[i]
+		side := i > 0
+		theirs := slices.DeleteFunc(slices.Clone(results), func(r agentload.Result) bool { return r.Side != side })
+		m.summary = agentload.Summarize(theirs, virtualTime(s.measured), virtualTime(s.end))
+		for p := range cfg.People {
+			mine := slices.DeleteFunc(slices.Clone(theirs), func(r agentload.Result) bool { return s.personOf[r.SessionID] != p })
+			m.people = append(m.people, agentload.Summarize(mine, virtualTime(s.measured), virtualTime(s.end)))
+		}
 	}
 	return out, nil
 }
@@ -312,9 +355,11 @@ func (s *sim) addPerson(wl agentload.Config, flow string, weight float64) error 
 	if err != nil {
 		return err
 	}
-	system := gen.SystemPrompt()
+	prefix := func(system string) promptprefix.Prefix {
+		return promptprefix.Prefix{{Hash: xxhash.Sum64String(system), Bytes: int(scaledBytes(s.env.cfg, len(system)))}}
+	}
 	s.people = append(s.people, personRun{gen: gen, flow: flow, weight: weight,
-		prefix: promptprefix.Prefix{{Hash: xxhash.Sum64String(system), Bytes: int(scaledBytes(s.env.cfg, len(system)))}}})
+		prefix: prefix(gen.SystemPrompt()), sidePrefix: prefix(gen.SideCallSystemPrompt())})
 	return nil
 }
 
@@ -345,24 +390,15 @@ func (s *sim) send(slotIndex int) {
 		sl.awaited = true // its first request: Summarize times it
 		s.awaited++
 	}
-	prompt := promptOf(turn)
-	r := &request{
-		slot:    slotIndex,
-		session: sl.session,
-		req: &engine.Request{
-			Prompt:       prompt,
-			MaxTokens:    turn.MaxTokens,
-			Output:       tokenizer.Reply(replySeed(s.seed, sl.session.Index, turn.Index), turn.MaxTokens, false),
-			CachedTokens: notAdmitted,
-		},
-		result: agentload.Result{
-			SessionID: sl.session.ID, SessionIndex: sl.session.Index, Turn: turn.Index, LastTurn: turn.Last,
-			Start: virtualTime(s.now), PromptTokens: len(prompt), CacheReported: true,
-		},
+	if call, ok := sl.session.SideCall(turn); ok {
+		// Sent with the turn; the load balancer picks its engine at once.
+		side, a := s.newRequest(slotIndex, call)
+		side.side, side.final = true, true // its reply is text: end_turn
+		eng, release := s.policy.Pick(a)
+		s.dispatch(side, eng, func(loadcontrol.Reply) { release() })
 	}
-	s.routed++
+	r, a := s.newRequest(slotIndex, turn)
 	r.final = turn.Final
-	a := Arrival{Key: sl.session.ID, Flow: person.flow, FlowWeight: person.weight, PromptBytes: s.bodyBytes(turn), Prefix: person.prefix, Now: s.now}
 	if h, ok := s.policy.(Holder); ok {
 		sl.current = r
 		dispatched := false
@@ -379,10 +415,54 @@ func (s *sim) send(slotIndex int) {
 	s.dispatch(r, eng, func(loadcontrol.Reply) { release() })
 }
 
+// newRequest is the slot's request for turn, not yet routed, and what the
+// proxy knows of it.
+func (s *sim) newRequest(slotIndex int, turn agentload.Turn) (*request, Arrival) {
+	sl := &s.slots[slotIndex]
+	person := &s.people[sl.person]
+	prompt := promptOf(turn)
+	r := &request{
+		slot:    slotIndex,
+		session: sl.session,
+		req: &engine.Request{
+			Prompt:       prompt,
+			MaxTokens:    turn.MaxTokens,
+			Output:       tokenizer.Reply(replySeed(s.seed, sl.session.Index, turn.Index), turn.MaxTokens, false),
+			CachedTokens: notAdmitted,
+		},
+		result: agentload.Result{
+			SessionID: sl.session.ID, SessionIndex: sl.session.Index, Turn: turn.Index, LastTurn: turn.Last, Side: turn.Side,
+			Start: virtualTime(s.now), PromptTokens: len(prompt), CacheReported: true,
+		},
+	}
+	s.routed++
+	a := Arrival{Key: sl.session.ID, Flow: person.flow, FlowWeight: person.weight, PromptBytes: s.bodyBytes(turn), Prefix: person.prefix, Now: s.now, Side: turn.Side}
+	if turn.Side {
+		a.Prefix = person.sidePrefix
+	}
+	return r, a
+}
+
+// inFlight is where the slot keeps r while it is under way.
+func (s *sim) inFlight(r *request) **request {
+	if r.side {
+		return &s.slots[r.slot].side
+	}
+	return &s.slots[r.slot].current
+}
+
+// model is the index of r's model (Config.models).
+func (r *request) model() int {
+	if r.side {
+		return 1
+	}
+	return 0
+}
+
 // dispatch sends a routed turn to its engine.
 func (s *sim) dispatch(r *request, eng int, release func(loadcontrol.Reply)) {
-	sl := &s.slots[r.slot]
-	sl.current = nil
+	held := s.inFlight(r)
+	*held = nil
 	if eng < 0 {
 		s.fail(r, 502, errors.New("no replica available"))
 		return
@@ -395,7 +475,7 @@ func (s *sim) dispatch(r *request, eng int, release func(loadcontrol.Reply)) {
 	}
 	r.result.Engine = s.fleet.addresses[eng]
 	r.boundHit, r.chain = s.fleet.bound.Arrive(r.req.Prompt)
-	sl.current = r
+	*held = r
 	s.byRequest[r.req] = r
 	if !s.stepping[eng] {
 		s.stepping[eng] = true
@@ -408,9 +488,29 @@ func (s *sim) dispatch(r *request, eng int, release func(loadcontrol.Reply)) {
 func (s *sim) fail(r *request, status int, err error) {
 	r.result.End, r.result.Status, r.result.Err = virtualTime(s.now), status, err
 	s.results = append(s.results, r.result)
+	if r.side {
+		s.sideEnded(r.slot) // a failed side call costs the agent nothing more
+		return
+	}
 	s.endSession(r.slot)
-	s.slots[r.slot].session = nil
+	sl := &s.slots[r.slot]
+	sl.session = nil
+	if sl.side != nil {
+		sl.waitSide = true
+		return
+	}
 	s.schedule(s.now+errorRetryDelay, eventSend, r.slot)
+}
+
+// sideEnded notes that the slot's side call ended, and sends the slot's
+// next turn if its turn had ended first.
+func (s *sim) sideEnded(slotIndex int) {
+	sl := &s.slots[slotIndex]
+	sl.side = nil
+	if sl.waitSide {
+		sl.waitSide = false
+		s.send(slotIndex)
+	}
 }
 
 // startStep runs the engine's next step, if it has work, until its end event.
@@ -455,16 +555,24 @@ func (s *sim) finish(r *request) {
 	}
 	r.release(reply)
 	delete(s.byRequest, r.req)
-	s.slots[r.slot].current = nil
+	*s.inFlight(r) = nil
 	output := r.req.Output[:r.received]
 	r.result.End, r.result.Status = virtualTime(s.now), 200
 	r.result.OutputTokens, r.result.CachedTokens = r.received-r.early, r.req.CachedTokens
 	s.results = append(s.results, r.result)
 	s.fleet.bound.Finish(r.chain, r.req.Prompt, output)
 	s.countBound(r)
+	if r.side {
+		s.sideEnded(r.slot) // its reply stays out of the conversation
+		return
+	}
 	r.session.Reply(tokenizer.Text(output))
 	if r.result.LastTurn {
 		s.endSession(r.slot)
+	}
+	if sl := &s.slots[r.slot]; sl.side != nil {
+		sl.waitSide = true
+		return
 	}
 	s.send(r.slot)
 }
@@ -481,6 +589,12 @@ func (s *sim) endSession(slotIndex int) {
 // engines and recorded as cut, as the HTTP runner records them.
 func (s *sim) cutInFlight() {
 	for i := range s.slots {
+		if r := s.slots[i].side; r != nil {
+			s.fleet.engines[r.engine].Abort(r.req)
+			r.release(loadcontrol.Reply{})
+			s.results = append(s.results, s.cutResult(r))
+			s.slots[i].side = nil
+		}
 		r := s.slots[i].current
 		if r == nil {
 			continue
@@ -520,8 +634,10 @@ func (s *sim) cutResult(r *request) agentload.Result {
 // the conversations sent in it.
 func (s *sim) closeWindow() {
 	for i := range s.slots {
-		if r := s.slots[i].current; r != nil {
-			s.windowCut = append(s.windowCut, s.cutResult(r))
+		for _, r := range []*request{s.slots[i].current, s.slots[i].side} {
+			if r != nil {
+				s.windowCut = append(s.windowCut, s.cutResult(r))
+			}
 		}
 	}
 	s.measuring = false
@@ -535,9 +651,11 @@ func (s *sim) closeWindow() {
 func (s *sim) openWindow() {
 	s.measuring = true
 	for i := range s.slots {
-		if r := s.slots[i].current; r != nil {
-			r.warmup = r.req.CachedTokens != notAdmitted
-			r.early = r.received
+		for _, r := range []*request{s.slots[i].current, s.slots[i].side} {
+			if r != nil {
+				r.warmup = r.req.CachedTokens != notAdmitted
+				r.early = r.received
+			}
 		}
 	}
 	for eng, stepping := range s.stepping {
@@ -557,18 +675,20 @@ func (s *sim) countBound(r *request) {
 	if !s.measuring || r.warmup {
 		return
 	}
-	s.boundHits += uint64(r.boundHit)
-	s.boundQueries += uint64(len(r.req.Prompt))
+	s.boundHits[r.model()] += uint64(r.boundHit)
+	s.boundQueries[r.model()] += uint64(len(r.req.Prompt))
 }
 
 func (s *sim) sampleBusy() {
-	busy := 0
-	for _, e := range s.fleet.engines {
+	for i, e := range s.fleet.engines {
 		if st := e.Stats(); st.Running+st.Waiting > 0 {
-			busy++
+			model := 0
+			if i >= s.env.cfg.Replicas {
+				model = 1
+			}
+			s.busyTotal[model]++
 		}
 	}
-	s.busyTotal += busy
 	s.busySamples++
 }
 
@@ -610,42 +730,48 @@ func replySeed(seed int64, session, turn int) uint64 {
 	return x ^ (x >> 31)
 }
 
-// rows are the outcome's rows of the table: the run's, or with people each
-// one's, beside the fleet's figures (hits, busy replicas, preemptions).
-func (o *outcome) rows(policy string, people []Person) []report.Row {
-	if len(people) == 0 {
-		return []report.Row{o.row(policy)}
+// rows are the outcome's rows of the table by model (Config.models): the
+// run's, or with people each one's, beside the fleet's figures (hits, busy
+// replicas, preemptions).
+func (o *outcome) rows(policy string, people []Person) [][]report.Row {
+	out := make([][]report.Row, len(o.models))
+	for m := range o.models {
+		row := o.row(policy, m)
+		if len(people) == 0 {
+			out[m] = []report.Row{row}
+			continue
+		}
+		for i, p := range people {
+			out[m] = append(out[m], p.Row(row, o.models[m].people[i], 1))
+		}
 	}
-	rows := make([]report.Row, len(people))
-	for i, p := range people {
-		rows[i] = p.Row(o.row(policy), o.people[i], 1)
-	}
-	return rows
+	return out
 }
 
-// row turns the outcome into the table's row.
-func (o *outcome) row(policy string) report.Row {
-	s, sum := o.sim, o.summary
-	queries := o.after.PrefixCacheQueries - o.before.PrefixCacheQueries
-	hits := o.after.PrefixCacheHits - o.before.PrefixCacheHits
-	hostHits := o.after.ExternalPrefixCacheHits - o.before.ExternalPrefixCacheHits
+// row turns model m's part of the outcome into the table's row.
+func (o *outcome) row(policy string, m int) report.Row {
+	s, mo := o.sim, o.models[m]
+	queries := mo.after.PrefixCacheQueries - mo.before.PrefixCacheQueries
+	hits := mo.after.PrefixCacheHits - mo.before.PrefixCacheHits
+	hostHits := mo.after.ExternalPrefixCacheHits - mo.before.ExternalPrefixCacheHits
 	r := report.Row{
 		Mode: report.ModeLab, Policy: policy, Sessions: len(s.slots), Seed: s.seed,
 		DurationS:   (s.end - s.measured).Seconds(),
-		Preemptions: o.after.Preemptions - o.before.Preemptions,
-		Replicas:    len(s.fleet.engines),
+		Preemptions: mo.after.Preemptions - mo.before.Preemptions,
+		Replicas:    mo.engines,
 		HostTierGiB: s.env.cfg.Profile.KVOffloadingSize,
+		Model:       mo.name,
 	}
-	r.SetClientSide(sum, 1)
+	r.SetClientSide(mo.summary, 1)
 	if s.busySamples > 0 {
-		r.ReplicasBusy = float64(s.busyTotal) / float64(s.busySamples)
+		r.ReplicasBusy = float64(s.busyTotal[m]) / float64(s.busySamples)
 	}
 	if queries > 0 {
 		r.PrefixHitPercent = 100 * float64(hits) / float64(queries)
 		r.HostHitPercent = 100 * float64(hostHits) / float64(queries)
 	}
-	if s.boundQueries > 0 {
-		r.HitBoundPercent = 100 * float64(s.boundHits) / float64(s.boundQueries)
+	if s.boundQueries[m] > 0 {
+		r.HitBoundPercent = 100 * float64(s.boundHits[m]) / float64(s.boundQueries[m])
 	}
 	return r
 }

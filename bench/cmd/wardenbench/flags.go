@@ -35,6 +35,8 @@ type common struct {
 	// hostTierTimes sizes the replicas' host tier as this multiple of their
 	// GPU KV cache (--kv-offloading-size Nx) in place of profile's GiB.
 	hostTierTimes float64
+	// smallReplicasFlag serve the workload's small model, if it has one.
+	smallReplicasFlag int
 }
 
 // newCommon returns the defaults: the seed's levels, 3 minutes per level,
@@ -57,7 +59,8 @@ func newCommon(args []string) (*common, error) {
 		profile:   p,
 		metricsIv: time.Second,
 
-		cachedTokens: true,
+		cachedTokens:      true,
+		smallReplicasFlag: 1,
 	}, nil
 }
 
@@ -75,6 +78,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.metricsIv, "metrics-interval", c.metricsIv, "how often warden polls the replicas' metrics")
 	fs.BoolVar(&c.cachedTokens, "prompt-tokens-details", c.cachedTokens, "the replicas report each prompt's cached part, as vLLM does with --enable-prompt-tokens-details (false: its default, so load control reads the shared prefix from the requests)")
 	c.workload.RegisterFlags(fs)
+	fs.IntVar(&c.smallReplicasFlag, "small-replicas", c.smallReplicasFlag, "with --small-model, replicas of the same profile serving it beside the --replicas of --model")
 	profile := flag.NewFlagSet("", flag.ContinueOnError)
 	c.profile.RegisterFlags(profile)
 	profile.VisitAll(func(f *flag.Flag) {
@@ -84,6 +88,14 @@ func (c *common) register(fs *flag.FlagSet) {
 		}
 		fs.Var(f.Value, f.Name, f.Usage)
 	})
+}
+
+// smallReplicas is how many replicas serve the small model: none without one.
+func (c *common) smallReplicas() int {
+	if c.workload.SmallModel == "" {
+		return 0
+	}
+	return c.smallReplicasFlag
 }
 
 // peopleFlags are --people and --flows, which the lab and the run share.

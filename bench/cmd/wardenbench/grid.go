@@ -46,6 +46,9 @@ func runGrid(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if base.SmallReplicas > 0 {
+		return fmt.Errorf("--small-model: the grid weighs one model's rows; run wardenbench lab")
+	}
 	if slices.Equal(variants, stringList{"none"}) {
 		variants = nil
 	}

@@ -66,7 +66,7 @@ func (c *common) labConfig() (lab.Config, error) {
 	}
 	cfg := lab.DefaultConfig()
 	cfg.Workload, cfg.Profile, cfg.Replicas, cfg.Duration = c.workload, c.profile, c.replicas, c.duration
-	cfg.HostTierTimesGPU = c.hostTierTimes
+	cfg.HostTierTimesGPU, cfg.SmallReplicas = c.hostTierTimes, c.smallReplicas()
 	cfg.HideCachedTokens = !c.cachedTokens
 	cfg.MetricsInterval, cfg.SpillThreshold, cfg.Warmup = c.metricsIv, c.spill, c.warmup
 	return cfg, nil

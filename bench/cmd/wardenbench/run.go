@@ -40,8 +40,6 @@ type runOptions struct {
 	// People share the fleet in place of the levels (see e2e.Options).
 	People  []lab.Person
 	OneFlow bool
-	// SmallReplicas serve the workload's small model, if it has one.
-	SmallReplicas int
 }
 
 // setup is one layout of the Caddy side.
@@ -93,7 +91,6 @@ func parseRunOptions(args []string, stderr io.Writer) (runOptions, error) {
 	fs.StringVar(&opts.PinStore, "pin-store", e2e.PinStoreNone, "what the instances share: none, or redis (a private redis-server the run starts)")
 	fs.DurationVar(&opts.CompactionInterval, "compaction-interval", 0, "warden's compaction_interval in simulated time (0: the product's default, 1m)")
 	fs.BoolVar(&opts.Compare, "compare", true, "with --instances > 1, measure one instance and (with a pin store) the instances without it first, and compare")
-	fs.IntVar(&opts.SmallReplicas, "small-replicas", 1, "with --small-model, replicas serving it beside the --replicas of --model")
 	var people peopleFlags
 	people.register(fs)
 	if err := parseAll(fs, args); err != nil {
@@ -149,14 +146,6 @@ func endToEnd(ctx context.Context, opts runOptions, seed int64, setup setup, bar
 		rows[i].HostTierGiB = opts.engineProfile().KVOffloadingSize
 	}
 	return rows, err
-}
-
-// smallReplicas is how many replicas serve the small model: none without one.
-func (opts runOptions) smallReplicas() int {
-	if opts.workload.SmallModel == "" {
-		return 0
-	}
-	return opts.SmallReplicas
 }
 
 // e2eOptions lays out one seed's run with one layout of the Caddy side.
