@@ -380,7 +380,7 @@ func addrs(sims []*Sim) string {
 	return strings.Join(out, " ")
 }
 
-// modelFields are model m's JSON fields for a policy: warden's times
+// modelFields are the JSON fields of every warden model for a policy: warden's times
 // divided by the time scale like the replicas' (ScaledModelFields, and the
 // compaction interval), and the variant's own.
 func modelFields(o Options, policy string) map[string]any {
