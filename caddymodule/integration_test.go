@@ -2,7 +2,6 @@ package caddymodule_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -278,8 +276,7 @@ type resending struct{ http.RoundTripper }
 func (rt resending) RoundTrip(req *http.Request) (*http.Response, error) {
 	for try := 0; ; try++ {
 		resp, err := rt.RoundTripper.RoundTrip(req)
-		if err == nil || try == 2 || req.Context().Err() != nil ||
-			!(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+		if err == nil || try == 2 || req.Context().Err() != nil || !caddyproc.ConnectionBroke(err) {
 			return resp, err
 		}
 		if req.GetBody != nil {

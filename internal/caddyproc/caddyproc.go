@@ -261,8 +261,15 @@ func (p *Process) Kill() {
 // request written on one as it closed failed with a reset.
 var adminClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
-// adminReadTries bounds how many times Do sends a GET its connection's
-// reset failed.
+// ConnectionBroke reports whether a request failed because its connection
+// was reset or closed before any response, as one a replaced Caddy
+// listener accepted is: sending it again reaches the new one.
+func ConnectionBroke(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// adminReadTries bounds how many times Do sends a GET whose connection
+// broke (ConnectionBroke).
 const adminReadTries = 5
 
 // Do sends a request to the admin API and decodes a JSON answer into out
@@ -290,9 +297,9 @@ func (p *Process) Do(method, path string, body any, out any, header ...string) e
 	}
 	resp, err := adminClient.Do(req)
 	// A config load starts a new admin server, then stops the old one: a
-	// connection the old listener accepted meanwhile is reset. A read is
-	// sent again; the new server answers it.
-	for try := 1; err != nil && method == http.MethodGet && errors.Is(err, syscall.ECONNRESET) && try < adminReadTries; try++ {
+	// connection the old listener accepted meanwhile is reset or closed. A
+	// read is sent again; the new server answers it.
+	for try := 1; err != nil && method == http.MethodGet && ConnectionBroke(err) && try < adminReadTries; try++ {
 		resp, err = adminClient.Do(req)
 	}
 	if err != nil {
