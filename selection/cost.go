@@ -147,31 +147,40 @@ func (v *View) turnCost(s *replicaState, prompt, uncached int, now int64, rate f
 }
 
 // recomputeWeight is how many times a moved turn's recomputed tokens (what
-// its pin had cached and the other replica computes again) count against
-// the move: once for its own prefill, once for the turns queued behind it
-// there, which wait as long, and once for the cache of other conversations
-// it evicts there, which they compute again when they come back.
-const recomputeWeight = 3
+// its pin had cached and t computes again) count against the move: once
+// for its own prefill; once more for the turns queued behind it at t, which
+// wait as long, unless t has no request in flight; once more for the cache
+// of other conversations it evicts there, which they compute again, unless
+// no conversation is active at t.
+func recomputeWeight(t *replicaState) float64 {
+	w := 1.0
+	if t.inFlight.Load() > 0 || t.load.Load().external > 0 {
+		w++
+	}
+	if t.active.Load() > 0 {
+		w++
+	}
+	return w
+}
 
-// moveGain is how much sooner, in seconds, the turn would start at t than
-// at its pin, less what its recomputed tokens cost the other turns
-// (recomputeWeight). uncached is what the turn would compute at the pin,
-// elsewhere what it would compute at t, where only the shared prefix is
-// cached. Moving pays when it is positive.
-func (v *View) moveGain(pin, t *replicaState, prompt, uncached, elsewhere int, now int64, rate float64) float64 {
-	others := (recomputeWeight - 1) * float64(elsewhere-uncached) / rate
-	return v.turnCost(pin, prompt, uncached, now, rate) - v.turnCost(t, prompt, elsewhere, now, rate) - others
+// moveCost is what serving the turn at t, not its pin, costs: when its
+// first token would come there, plus what its recomputed tokens (elsewhere
+// less uncached, what the pin would compute) cost the other turns
+// (recomputeWeight). Moving pays when it is less than the pin's turnCost.
+func (v *View) moveCost(t *replicaState, prompt, uncached, elsewhere int, now int64, rate float64) float64 {
+	others := (recomputeWeight(t) - 1) * float64(elsewhere-uncached) / rate
+	return v.turnCost(t, prompt, elsewhere, now, rate) + others
 }
 
 // mayGain reports whether moving off the pin could pay, without looking
-// at the other replicas: at best one would start the turn at once, but its
-// recomputed tokens would count recomputeWeight times (moveGain).
+// at the other replicas: at best one would start the turn at once and its
+// recomputed tokens would count once (moveCost).
 func (v *View) mayGain(pin *replicaState, prompt, uncached, elsewhere int, now int64, rate float64) bool {
 	if rate <= 0 {
 		return false
 	}
 	wait := pin.backlog.at(now, rate)/rate + v.slotWait(pin, prompt)
-	return wait > recomputeWeight*float64(elsewhere-uncached)/rate
+	return wait > float64(elsewhere-uncached)/rate
 }
 
 // uncachedElsewhere is what of a prompt a replica other than the
@@ -200,9 +209,9 @@ func (v *View) cheaperThan(e *session, req Request, key uint64, now int64) *repl
 		return nil
 	}
 	t := v.lowest(req.Usable, key, func(s *replicaState) bool { return s != e.pin && s.healthy.Load() }, func(s *replicaState) float64 {
-		return v.turnCost(s, req.PromptTokens, elsewhere, now, rate)
+		return v.moveCost(s, req.PromptTokens, uncached, elsewhere, now, rate)
 	})
-	if t == nil || v.moveGain(e.pin, t, req.PromptTokens, uncached, elsewhere, now, rate) <= 0 || v.keptByHostTier(e, t, req.PromptTokens) {
+	if t == nil || v.turnCost(e.pin, req.PromptTokens, uncached, now, rate) <= v.moveCost(t, req.PromptTokens, uncached, elsewhere, now, rate) || v.keptByHostTier(e, t, req.PromptTokens) {
 		return nil
 	}
 	return t

@@ -113,18 +113,41 @@ func TestBacklogDrainsAndEndsWithItsRequests(t *testing.T) {
 }
 
 // A conversation stays on its pin while the pin would start its turn as
-// soon as any other replica once what moving recomputes is counted, even
-// with the other replica idle.
+// soon as the other replica once what moving recomputes is counted: three
+// times where the other replica serves a conversation of its own and runs
+// a request (the turn's own prefill, the turns queued behind it, the cache
+// it evicts there), once where it is idle and serves none.
 func TestConversationStaysWhileItsPinHasRoom(t *testing.T) {
-	r := newTestRouter(2, Config{MaxNumSeqs: 32})
-	teachRate(r, 5000, kvLoad(1000))
-	teachTurns(r, 30*time.Second)
-	home := id(turn(t, r, "a", 0))
-	busy := hold(t, r, home, 2, 10000, time.Second)
-	defer releaseAll(busy)
-	if d := turn(t, r, "a", 2*time.Second); d.Outcome != Sticky || id(d) != home {
-		t.Fatalf("pin with room: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+	for _, otherServes := range []bool{true, false} {
+		r := newTestRouter(2, Config{MaxNumSeqs: 32})
+		teachRate(r, 5000, kvLoad(1000))
+		teachTurns(r, 30*time.Second)
+		home := id(turn(t, r, "a", 0))
+		var busy []Decision
+		if otherServes {
+			busy = occupy(t, r, other(r, home), "b")
+		}
+		// 3 s of prefill queued on the pin; moving recomputes 2 s.
+		busy = append(busy, hold(t, r, home, 2, 10000, time.Second)...)
+		d := turn(t, r, "a", 2*time.Second)
+		releaseAll(busy)
+		switch {
+		case otherServes && (d.Outcome != Sticky || id(d) != home):
+			t.Errorf("pin with room: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+		case !otherServes && (d.Outcome != Spilled || id(d) == home):
+			t.Errorf("other replica idle: %v on %s, want spilled off %s", d.Outcome, id(d), home)
+		}
 	}
+}
+
+// occupy places conv on the replica id, which must be where a new
+// conversation goes, and keeps a small request in flight there.
+func occupy(t *testing.T, r testRouter, id, conv string) []Decision {
+	t.Helper()
+	if got := turn(t, r, conv, 0); got.rep.ID != id {
+		t.Fatalf("%s placed on %s, want %s", conv, got.rep.ID, id)
+	}
+	return hold(t, r, id, 1, 100, 0)
 }
 
 // A turn whose pin's KV cache is full with turns that last long moves

@@ -106,7 +106,7 @@ func (e *session) hostCached(evicted int) int {
 // locked) rather than move to t because the pin has a host tier and t has
 // no free place to run the turn. With a tier the pin keeps what its GPU
 // evicts, so a move recomputes the conversation; where t's turns queue, it
-// also delays every turn queued behind it there, more than moveGain's
+// also delays every turn queued behind it there, more than moveCost's
 // weight counts, and only changes which turns wait.
 func (v *View) keptByHostTier(e *session, t *replicaState, prompt int) bool {
 	if e.pin.host.value() <= 0 {

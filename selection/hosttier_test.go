@@ -38,13 +38,15 @@ func TestHostShareIsWhatTheTierServedOfWhatWeBelievedEvicted(t *testing.T) {
 // A conversation whose pin evicted its cache from the GPU moves off a pin
 // with prefill queued (TestEvictedConversationMovesOnlyToAShorterQueue),
 // unless the pin's host tier has been loading such prefixes back: then it
-// stays, as its prefix costs little there and everything elsewhere.
+// stays, as its prefix costs little there and everything elsewhere, where
+// another conversation is served.
 func TestEvictedConversationStaysWhereItsHostTierHoldsIt(t *testing.T) {
 	for _, tier := range []bool{false, true} {
 		r := newTestRouter(2, Config{MaxNumSeqs: 32})
 		teachRate(r, 5000, kvLoad(1000))
 		teachTurns(r, 10*time.Second)
 		home := id(turn(t, r, "a", 0))
+		elsewhere := occupy(t, r, other(r, home), "b")
 		scrape := func(at, written, served float64) {
 			l := kvLoad(written)
 			if tier {
@@ -61,6 +63,7 @@ func TestEvictedConversationStaysWhereItsHostTierHoldsIt(t *testing.T) {
 		busy := hold(t, r, home, 1, 20000, 6*time.Second)
 		d := turn(t, r, "a", 6*time.Second)
 		releaseAll(busy)
+		releaseAll(elsewhere)
 		switch {
 		case tier && (d.Outcome != Sticky || id(d) != home):
 			t.Errorf("with a host tier: %v on %s, want sticky on %s", d.Outcome, id(d), home)
