@@ -81,12 +81,15 @@ func TestTurnMovesOffAFullReplicaThroughCaddy(t *testing.T) {
 
 // A conversation whose replica wrote more KV tokens than it had free since
 // the conversation's last turn (its /metrics counters say so) has lost its
-// cache there: while that replica is busy prefilling another request, its
-// next turn goes to the idle one (rehomed), counted in the admin JSON and
-// on /metrics, and it stays there.
+// cache there: while that replica runs another request in its only
+// sequence slot, its next turn goes to the idle one (rehomed), counted in
+// the admin JSON and on /metrics, and it stays there. (A slot, not a
+// prefill backlog, keeps the replica busy: warden drains a backlog at the
+// learnt rate, here in milliseconds, so a slow test machine would see it
+// gone.)
 func TestEvictedConversationMovesThroughCaddy(t *testing.T) {
 	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
-	f := startFleetWith(t, caddySetup{modelBlock: "replicas {replicas}", fields: map[string]any{"client_pinning": true}}, backends...)
+	f := startFleetWith(t, caddySetup{modelBlock: "replicas {replicas}\n\t\t\tmax_num_seqs 1", fields: map[string]any{"client_pinning": true}}, backends...)
 	home := f.turn(t, "conv")
 	pin := backends[0]
 	if backendAddr(backends, home) != pin.addr {
@@ -120,7 +123,7 @@ func TestEvictedConversationMovesThroughCaddy(t *testing.T) {
 	open()
 	<-busy
 	if moved == home {
-		t.Fatalf("with its cache evicted and its replica prefilling, conv stayed on %s", home)
+		t.Fatalf("with its cache evicted and its replica's slot taken, conv stayed on %s", home)
 	}
 	if again := f.turn(t, "conv"); again != moved {
 		t.Errorf("the turn after the move went to %s, rehomed to %s", again, moved)
