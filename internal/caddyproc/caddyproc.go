@@ -268,9 +268,9 @@ func ConnectionBroke(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// adminReadTries bounds how many times Do sends a GET whose connection
+// adminTries bounds how many times Do sends a read or a load whose connection
 // broke (ConnectionBroke).
-const adminReadTries = 5
+const adminTries = 5
 
 // Do sends a request to the admin API and decodes a JSON answer into out
 // (when not nil). A status other than 200 is an error with the body.
@@ -298,8 +298,15 @@ func (p *Process) Do(method, path string, body any, out any, header ...string) e
 	resp, err := adminClient.Do(req)
 	// A config load starts a new admin server, then stops the old one: a
 	// connection the old listener accepted meanwhile is reset or closed. A
-	// read is sent again; the new server answers it.
-	for try := 1; err != nil && method == http.MethodGet && ConnectionBroke(err) && try < adminReadTries; try++ {
+	// read, or a load (loading a config again ends in the same state), is
+	// sent again; the new server answers it.
+	resend := method == http.MethodGet || path == "/load"
+	for try := 1; err != nil && resend && ConnectionBroke(err) && try < adminTries; try++ {
+		if req.GetBody != nil {
+			if req.Body, err = req.GetBody(); err != nil {
+				return err
+			}
+		}
 		resp, err = adminClient.Do(req)
 	}
 	if err != nil {
