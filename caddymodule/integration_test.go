@@ -55,9 +55,9 @@ func startFleet(t *testing.T, modelBlock string, backends ...*fakeVLLM) *fleet {
 }
 
 // slowScrapes gives scrapes 900 ms before they time out, for tests that
-// place conversations by load: a scrape that fails makes its replica's
-// load unknown, scored as full, and on a loaded machine 90 ms is not
-// always enough.
+// place conversations by load or health: a scrape that fails makes its
+// replica's load unknown, scored as full (or the replica unhealthy), and
+// on a loaded machine 90 ms is not always enough.
 var slowScrapes = map[string]any{"metrics_interval": "1s"}
 
 // startFleetWith is startFleet with a whole setup.
