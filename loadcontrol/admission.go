@@ -179,6 +179,13 @@ type resident struct {
 	// placing is its first turn while the routing places it (load control
 	// standing aside): the turn's placedBeside follows the pin.
 	placing *Ticket
+	// flow and weight are its own turns' flow and its weight, output the
+	// size of its latest own reply, and leaving is set while a turn of its
+	// flow weighs taking its place (flowshare.go).
+	flow    uint64
+	weight  float64
+	output  int
+	leaving bool
 }
 
 // Gate is one model's load-control state; it outlives config loads, as
@@ -285,6 +292,7 @@ func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
 		g.admit(t, res.rep)
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
 	case v.headPaced() && v.admitOne(t, now.UnixNano(), false):
+	case v.takeEndedPlace(t, now.UnixNano()):
 	case len(g.queue) >= v.cfg.MaxQueue:
 		t.state = Refused
 		g.refused++
@@ -374,6 +382,7 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	side := t.side || sideCall(t, t.res)
 	if !side {
 		t.res.taskEnded = reply.TaskEnded
+		t.res.output = reply.OutputTokens
 	}
 	underestimated := false
 	if reply.PromptTokens > 0 && !t.body.Partial {
@@ -400,11 +409,13 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	if t.res.running == 0 {
 		q := t.view.cfg.Quantum
 		switch {
-		case t.res.taskEnded:
+		case t.res.taskEnded && !t.view.keeps(t.res):
 			g.drop(t.res, now.UnixNano())
 			g.taskEnded++
-		case q > 0 && t.res.turns >= q && len(g.queue) > 0:
+		case q > 0 && t.res.turns >= q && len(g.queue) > 0 && !t.view.keeps(t.res):
 			g.drop(t.res, now.UnixNano()) // its quantum is used up and others wait: it yields
+		case t.view.crowds(t.res):
+			g.drop(t.res, now.UnixNano()) // it yields to a flow within its share (flowshare.go)
 		case underestimated && !t.view.fits(t.res.rep):
 			g.drop(t.res, now.UnixNano()) // admitted on a size too small, it overfills its replica
 		case t.res.unheld && !g.aside.Load() && t.view.overflows(t.res.rep):
@@ -524,6 +535,7 @@ func (g *Gate) admit(t *Ticket, rep Replica) {
 	}
 	res.rep = rep
 	if !t.side {
+		res.flow, res.weight = t.fair.flow, t.fair.weight
 		res.tokens = t.tokens
 		res.turns++
 		res.taskEnded = false
@@ -547,6 +559,7 @@ func (g *Gate) hold(res *resident, sign int) {
 	h.count += sign
 	h.tokens += sign * res.tokens
 	g.held[res.rep] = h
+	g.fair.holdFlow(res, sign)
 }
 
 // underestimateSlack is how much larger than its estimate a prompt sized
@@ -645,17 +658,21 @@ func (g *Gate) unlinkIdle(res *resident) {
 	res.idle, res.idleOn = nil, nil
 }
 
-// expire ends the residency of conversations idle past Linger, then admits
-// queued turns into the room freed (g.mu held); it returns the ready
-// callbacks to run once the lock is released. Only the residents due are
-// looked at: the idle list is in the order their turns ended.
+// expire ends the residency of conversations idle past Linger, but those
+// kept for a flow within its share (flowshare.go), then admits queued
+// turns into the room freed (g.mu held); it returns the ready callbacks to
+// run once the lock is released. Only the residents due are looked at: the
+// idle list is in the order their turns ended.
 func (v *View) expire(now int64) []func() {
 	g := v.gate
 	linger := int64(v.cfg.Linger)
-	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; e = g.idle.Front() {
+	for e := g.idle.Front(); e != nil && now-e.Value.(*resident).idleSince >= linger; {
 		res := e.Value.(*resident)
-		g.drop(res, now)
-		g.noteExpiry(res, now, linger)
+		e = e.Next()
+		if !v.keepsIdle(res, now) {
+			g.drop(res, now)
+			g.noteExpiry(res, now, linger)
+		}
 	}
 	return v.admitQueued(now)
 }
@@ -670,8 +687,8 @@ func (v *View) admitQueued(now int64) []func() {
 	headBlocked := false
 	for i := 0; i < len(g.queue); {
 		t := g.queue[i]
-		if headBlocked && g.rides(t) == nil {
-			i++ // the head waits for room: only a turn riding its conversation's residency, which takes none, passes it
+		if headBlocked && g.rides(t) == nil && !v.hasEndedPlace(t) {
+			i++ // the head waits for room: only a turn riding its conversation's residency, or taking its flow's (flowshare.go), which takes none, passes it
 			continue
 		}
 		t.estimate()
@@ -708,7 +725,7 @@ func (g *Gate) admitResident(t *Ticket) bool {
 // newcomer now, moving the pin there.
 func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	g := v.gate
-	if g.admitResident(t) {
+	if g.admitResident(t) || v.takeEndedPlace(t, now) {
 		return true
 	}
 	pin := v.routing.Pin(t.key, now)
@@ -788,7 +805,7 @@ func (v *View) roomHolding(s Replica, held residency, tokens int) bool {
 	if capacity <= 0 {
 		return true // unknown capacity: no control rather than none served
 	}
-	return float64(v.distinct(held, tokens)) <= v.fillOf(s)*float64(capacity)
+	return float64(v.distinct(held, tokens)+v.keptReserve(s)) <= v.fillOf(s)*float64(capacity)
 }
 
 // capacityOf is s's KV cache in tokens: the configured one, else its

@@ -54,6 +54,8 @@ type fairQueue struct {
 	flows map[uint64]*flowTurns // the flows with turns waiting
 	made  uint64                // slots made
 	table flowTable
+	// held is what each flow holds resident (flowshare.go).
+	held map[uint64]*flowHold
 }
 
 // flowTurns is a flow's waiting turns in its own order (main turns first,
@@ -64,7 +66,8 @@ type flowTurns struct {
 }
 
 func newFairQueue() fairQueue {
-	return fairQueue{flows: map[uint64]*flowTurns{}, table: flowTable{byID: map[uint64]*flowCounts{}}}
+	return fairQueue{flows: map[uint64]*flowTurns{}, table: flowTable{byID: map[uint64]*flowCounts{}},
+		held: map[uint64]*flowHold{}}
 }
 
 // fairTurnOf is what turn is among the flows (g.mu held).
