@@ -92,13 +92,13 @@ func TestNoGoroutineLeftAfterReloadsAndStop(t *testing.T) {
 // waits and is sent anyway, one is refused.
 func holdForcedAndRefused(t *testing.T, site string) {
 	t.Helper()
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	turn := func(conv, hold string) *http.Response {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+site+"/v1/messages", strings.NewReader(`{"model":"m"}`))
 		req.Header.Set("X-Claude-Code-Session-Id", conv)
 		req.Header.Set(holdHeader, hold)
 		req.Header.Set(stopReasonHeader, "tool_use") // each stays resident after its turn
-		resp, err := client.Do(req)
+		// siteClient: the last reload's old listener may still take a connection.
+		resp, err := siteClient.Do(req)
 		if err != nil {
 			t.Errorf("%s: %v", conv, err)
 			return nil
