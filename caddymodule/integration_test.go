@@ -72,9 +72,7 @@ func startFleetWith(t *testing.T, setup caddySetup, backends ...*fakeVLLM) *flee
 // kept for the next Caddy ("" is a temporary one).
 func startFleetIn(t *testing.T, dataDir, modelBlock string, backends ...*fakeVLLM) *fleet {
 	t.Helper()
-	f, _ := runCaddy(t, caddySetup{modelBlock: modelBlock, dataDir: dataDir}, addresses(backends)...)
-	f.backends = backends
-	return f
+	return startFleetWith(t, caddySetup{modelBlock: modelBlock, dataDir: dataDir}, backends...)
 }
 
 // caddySetup is the Caddyfile around model m: modelBlock goes inside the

@@ -108,7 +108,8 @@ func TestRestartDropsPinsOfARemovedReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second := startFleetIn(t, data, restartBlock, a, b, d) // c replaced by d
+	// c replaced by d; d is placed on by load, so its scrapes get time.
+	second := startFleetWith(t, caddySetup{modelBlock: restartBlock, dataDir: data, fields: slowScrapes}, a, b, d)
 	if st := pinSnapshot(t, second); st.Restored != 21-onC || st.DroppedUnknownReplica != onC || st.Dropped != onC {
 		t.Fatalf("restored without c (%d pinned there): %+v", onC, st)
 	}
