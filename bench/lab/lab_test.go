@@ -18,9 +18,9 @@ func shortConfig() Config {
 	return cfg
 }
 
-// runFresh runs policy name at a level on a fresh fleet and returns the
-// policy with the run's outcome.
-func runFresh(t *testing.T, cfg Config, name string, sessions int, seed int64) (Policy, *outcome) {
+// freshPolicy is policy name on a fresh fleet, with its environment, not
+// yet run.
+func freshPolicy(t *testing.T, cfg Config, name string, seed int64) (*Env, Policy) {
 	t.Helper()
 	f, err := newFleet(cfg)
 	if err != nil {
@@ -31,6 +31,14 @@ func runFresh(t *testing.T, cfg Config, name string, sessions int, seed int64) (
 	if err != nil {
 		t.Fatal(err)
 	}
+	return env, policy
+}
+
+// runFresh runs policy name at a level on a fresh fleet and returns the
+// policy with the run's outcome.
+func runFresh(t *testing.T, cfg Config, name string, sessions int, seed int64) (Policy, *outcome) {
+	t.Helper()
+	env, policy := freshPolicy(t, cfg, name, seed)
 	out, err := simulate(env, policy, sessions, seed)
 	if err != nil {
 		t.Fatal(err)

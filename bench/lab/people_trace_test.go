@@ -171,15 +171,7 @@ func TestPersonBesideAFarmKeepsItsCache(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.People, _ = ParsePeople("farm:20:0s,person:2:10s")
 	for _, name := range []string{PolicyAdmission, PolicyAdmissionFarm} {
-		f, err := newFleet(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env := newEnv(cfg, f, 1)
-		policy, err := policyFactories[name](env)
-		if err != nil {
-			t.Fatal(err)
-		}
+		env, policy := freshPolicy(t, cfg, name, 1)
 		ap := policy.(*admissionPolicy)
 		ap.seen = []belief{}
 		p := &tracePolicy{admissionPolicy: ap, person: 1, convs: map[string]*personConv{}, sizes: map[*request]int{}}

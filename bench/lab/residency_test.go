@@ -16,15 +16,7 @@ func TestLoadControlEstimatesAgainstGroundTruth(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Duration = 2 * time.Minute
 	for _, sessions := range []int{16, 32} {
-		f, err := newFleet(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		env := newEnv(cfg, f, 1)
-		policy, err := policyFactories[PolicyAdmission](env)
-		if err != nil {
-			t.Fatal(err)
-		}
+		env, policy := freshPolicy(t, cfg, PolicyAdmission, 1)
 		p := policy.(*admissionPolicy)
 		p.seen = []belief{}
 		out, err := simulate(env, p, sessions, 1)
