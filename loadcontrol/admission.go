@@ -155,6 +155,7 @@ type Ticket struct {
 	// (sharedprefix.go).
 	placedBeside bool
 	fair         fairTurn
+	admittedAt   int64 // when it was admitted, to time it (idle.go)
 }
 
 // resident is a conversation holding its place in a replica's cache.
@@ -232,6 +233,9 @@ type Gate struct {
 	owed map[Replica]*departure
 	// fill is each replica's fill control (fillcontrol.go).
 	fill map[Replica]*fillState
+	// pace is how long turns take and residents pause between them
+	// (idle.go).
+	pace residentPace
 }
 
 // TokenCounts adds up replies' prompts and their cached parts.
@@ -287,9 +291,10 @@ func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
 	case res != nil:
 		if res.running == 0 {
 			g.noteReturn(false)
+			g.pace.pause.note(now.UnixNano() - res.idleSince)
 		}
 		t.resident = true
-		g.admit(t, res.rep)
+		g.admit(t, res.rep, now.UnixNano())
 	case len(g.queue) == 0 && v.admitOne(t, now.UnixNano(), true):
 	case v.headPaced() && v.admitOne(t, now.UnixNano(), false):
 	case v.takeEndedPlace(t, now.UnixNano()):
@@ -374,6 +379,9 @@ func (t *Ticket) End(now time.Time, reply Reply) {
 	}
 	t.state = Gone
 	t.res.running--
+	if !t.side {
+		g.pace.turn.note(now.UnixNano() - t.admittedAt)
+	}
 	if t.res.placing == t {
 		t.res.placing = nil
 	}
@@ -495,7 +503,7 @@ func (t *Ticket) Force(now time.Time) bool {
 	if rep != pin {
 		g.tookNewcomer(rep, now.UnixNano())
 	}
-	g.admit(t, rep)
+	g.admit(t, rep, now.UnixNano())
 	return true
 }
 
@@ -518,8 +526,8 @@ func (g *Gate) ReleaseWaiting() {
 	runAll(notify)
 }
 
-// admit makes t's conversation resident on rep (g.mu held).
-func (g *Gate) admit(t *Ticket, rep Replica) {
+// admit makes t's conversation resident on rep at now (g.mu held).
+func (g *Gate) admit(t *Ticket, rep Replica, now int64) {
 	res := g.residents[t.key]
 	t.side = res != nil && sideCall(t, res)
 	if res == nil {
@@ -545,7 +553,7 @@ func (g *Gate) admit(t *Ticket, rep Replica) {
 	}
 	g.hold(res, +1)
 	res.running++
-	t.res, t.state = res, Admitted
+	t.res, t.state, t.admittedAt = res, Admitted, now
 	g.admitted++
 	t.fair.counts.admitted++
 	if t.side {
@@ -710,27 +718,28 @@ func (v *View) admitQueued(now int64) []func() {
 
 // admitResident admits t (g.mu held) to the replica its conversation is
 // resident on, if it is: another of its turns was admitted meanwhile.
-func (g *Gate) admitResident(t *Ticket) bool {
+func (g *Gate) admitResident(t *Ticket, now int64) bool {
 	res := g.rides(t)
 	if res == nil {
 		return false
 	}
-	g.admit(t, res.rep)
+	g.admit(t, res.rep, now)
 	return true
 }
 
 // admitOne admits t (g.mu held) to the replica its conversation is resident
 // on, else to its pin if the pin has room for its tokens, else, if
 // newcomer, to the least-loaded replica that has room and may take a
-// newcomer now, moving the pin there.
+// newcomer now, or else to an idle replica whose residents run little
+// (idle.go), moving the pin there.
 func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	g := v.gate
-	if g.admitResident(t) || v.takeEndedPlace(t, now) {
+	if g.admitResident(t, now) || v.takeEndedPlace(t, now) {
 		return true
 	}
 	pin := v.routing.Pin(t.key, now)
 	if pin != nil && v.routing.Usable(pin, t.usable) && v.roomFor(pin, t) {
-		g.admit(t, pin)
+		g.admit(t, pin, now)
 		return true
 	}
 	if !newcomer {
@@ -741,18 +750,21 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy) && v.touchedAll(s, now, t.tokens)
 	})
 	if s == nil {
+		s = v.idleReplica(t, pin)
+	}
+	if s == nil {
 		return false
 	}
 	t.placedBeside = g.held[s].count > 0
 	if g.aside.Load() {
 		// Standing aside, it leaves the placement to the routing, as
 		// without load control: the residency follows the pin (follow).
-		g.admit(t, s)
+		g.admit(t, s, now)
 		t.res.placing = t
 		return true
 	}
 	g.tookNewcomer(s, now)
-	g.admit(t, s)
+	g.admit(t, s, now)
 	v.routing.Settle(t.key, s, now)
 	return true
 }

@@ -38,6 +38,12 @@ const (
 // time (late false) or after its residency expired (g.mu held).
 func (g *Gate) noteReturn(late bool) {
 	g.late.note(late, asideAbove, holdAgainBelow)
+	g.updateAside()
+}
+
+// updateAside sets whether load control stands aside: while turns find
+// room, or while most conversations come back late (g.mu held).
+func (g *Gate) updateAside() {
 	g.aside.Store(g.late.set || !g.lack.set)
 }
 
@@ -105,7 +111,7 @@ func (v *View) noteLack(lacked bool) {
 	}
 	g.lackCapacity = capacity
 	g.lack.note(lacked, lackBound, lackBound)
-	g.aside.Store(g.late.set || !g.lack.set)
+	g.updateAside()
 }
 
 // Engage makes load control hold turns from now, as a run of turns that
@@ -115,7 +121,7 @@ func (g *Gate) Engage() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.lack = movingShare{share: 1, set: true}
-	g.aside.Store(g.late.set)
+	g.updateAside()
 }
 
 // lacksRoom reports whether t, its conversation not resident, would find

@@ -203,7 +203,7 @@ func (v *View) takeEndedPlace(t *Ticket, now int64) bool {
 				}
 				t.placedBeside = g.held[s].count > 0
 				g.tookNewcomer(s, now)
-				g.admit(t, s)
+				g.admit(t, s, now)
 				v.routing.Settle(t.key, s, now)
 				return true
 			}

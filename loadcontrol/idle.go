@@ -1,0 +1,69 @@
+package loadcontrol
+
+// Idle replicas. Holding a turn keeps the residents' caches, but a replica
+// does no work while every one of its residents pauses between turns (a
+// tool runs, an agent thinks). Where turns are short beside the pauses, the
+// few conversations a small cache holds leave it idle most of the time, and
+// the turns held meanwhile cost more than the cache they keep: so a replica
+// none of whose residents runs a turn takes the turn at the head of the
+// queue, room or not, when its residents, at the turn times and pauses
+// measured, would run less than one turn at a time on average. Where turns
+// are long beside the pauses (the agents' usual case), a replica's
+// residents keep it busy, and holding keeps caches without idling it.
+
+// movingMean is the mean of recent durations, recent ones weighing most
+// (about the last 16), and whether one was seen.
+type movingMean struct {
+	mean float64
+	seen bool
+}
+
+func (m *movingMean) note(d int64) {
+	if !m.seen {
+		m.mean, m.seen = float64(d), true
+		return
+	}
+	m.mean += shareWeight * (float64(d) - m.mean)
+}
+
+// residentPace is how long a turn takes from its admission to its end, and
+// how long a resident pauses from a turn's end to its next turn's admission
+// (those back within Linger).
+type residentPace struct{ turn, pause movingMean }
+
+// busyShare is the share of the time a resident runs a turn, as measured;
+// 1 until both are.
+func (p residentPace) busyShare() float64 {
+	if !p.turn.seen || !p.pause.seen || p.turn.mean+p.pause.mean <= 0 {
+		return 1
+	}
+	return p.turn.mean / (p.turn.mean + p.pause.mean)
+}
+
+// idleKeepsLittle reports whether s is idle, none of its residents running
+// a turn, and its residents would run less than one turn at a time on
+// average (g.mu held).
+func (v *View) idleKeepsLittle(s Replica) bool {
+	g := v.gate
+	h := g.held[s]
+	if h.count == 0 || !v.routing.Healthy(s) {
+		return false
+	}
+	if on := g.idleOn[s]; on == nil || on.Len() < h.count {
+		return false
+	}
+	return float64(h.count)*g.pace.busyShare() < 1
+}
+
+// idleReplica is where t, finding no room while load control holds turns,
+// goes at once: its pin or else the least-loaded replica that is idle and
+// keeps little by holding; nil for none (g.mu held).
+func (v *View) idleReplica(t *Ticket, pin Replica) Replica {
+	if v.gate.aside.Load() {
+		return nil
+	}
+	if pin != nil && v.routing.Usable(pin, t.usable) && v.idleKeepsLittle(pin) {
+		return pin
+	}
+	return v.routing.Lightest(t.usable, t.key, v.idleKeepsLittle)
+}

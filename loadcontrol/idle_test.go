@@ -1,0 +1,77 @@
+package loadcontrol
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// pacedView is load control holding turns on one replica of 100 tokens, a
+// 10 s linger and no quantum, and its residents 1 and 2 of 40 tokens each,
+// which have run turns turns together, each lasting turn, pausing pause
+// between them. It returns the view and the clock at their last turn's end.
+func pacedView(t *testing.T, turn, pause time.Duration, turns int) (*View, time.Time) {
+	t.Helper()
+	v := newFakeRouting(1).view(Config{Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
+		Linger: 10 * time.Second, Quantum: -1})
+	v.gate.Engage()
+	now := t0
+	for i := range turns {
+		if i > 0 {
+			now = now.Add(pause)
+		}
+		var running []*Ticket
+		for _, key := range []uint64{1, 2} {
+			tk := v.Admit(Turn{Key: key, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+			if tk.State() != Admitted {
+				t.Fatalf("turn %d of resident %d: state %d", i, key, tk.State())
+			}
+			running = append(running, tk)
+		}
+		now = now.Add(turn)
+		for _, tk := range running {
+			tk.Done(now)
+		}
+	}
+	return v, now
+}
+
+// A replica whose residents run short turns between long pauses sits idle
+// most of the time: when none of them runs a turn, it takes a turn that
+// lacks room rather than hold it. Where their turns are long beside their
+// pauses, it holds it.
+func TestIdleReplicaTakesAWaitingTurnWhereResidentsRunLittle(t *testing.T) {
+	for _, c := range []struct {
+		turn, pause time.Duration
+		want        TicketState
+	}{
+		{time.Second, 5 * time.Second, Admitted},
+		{10 * time.Second, time.Second, Waiting},
+	} {
+		t.Run(fmt.Sprint(c.turn, "+", c.pause), func(t *testing.T) {
+			v, now := pacedView(t, c.turn, c.pause, 3)
+			newcomer := v.Admit(Turn{Key: 3, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+			if got := newcomer.State(); got != c.want {
+				t.Fatalf("a newcomer beside two idle residents whose turns take %v between pauses of %v: state %d, want %d",
+					c.turn, c.pause, got, c.want)
+			}
+			newcomer.Cancel(now)
+		})
+	}
+}
+
+// A turn that lacks room waits while a resident runs a turn, however
+// little the residents run, and goes once none does.
+func TestIdleReplicaTakesAWaitingTurnOnceNoResidentRuns(t *testing.T) {
+	v, now := pacedView(t, time.Second, 5*time.Second, 3)
+	now = now.Add(5 * time.Second)
+	back := v.Admit(Turn{Key: 1, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+	newcomer := v.Admit(Turn{Key: 3, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+	if got := newcomer.State(); got != Waiting {
+		t.Fatalf("a newcomer while a resident runs a turn: state %d, want waiting", got)
+	}
+	back.Done(now.Add(time.Second))
+	if got := newcomer.State(); got != Admitted {
+		t.Fatalf("the newcomer once no resident runs a turn: state %d, want admitted", got)
+	}
+}
