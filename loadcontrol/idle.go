@@ -6,10 +6,13 @@ package loadcontrol
 // few conversations a small cache holds leave it idle most of the time, and
 // the turns held meanwhile cost more than the cache they keep: so a replica
 // none of whose residents runs a turn takes the turn at the head of the
-// queue, room or not, when its residents, at the turn times and pauses
-// measured, would run less than one turn at a time on average. Where turns
-// are long beside the pauses (the agents' usual case), a replica's
-// residents keep it busy, and holding keeps caches without idling it.
+// queue that no replica has room for, when its residents, at the turn
+// times and pauses measured, would run less than one turn at a time on
+// average. A turn that has room and waits only for a newcomer's pace
+// (stagger, touch) keeps waiting: pacing is what spreads a farm's starts.
+// Where turns are long beside the pauses (the agents' usual case), a
+// replica's residents keep it busy, and holding keeps caches without
+// idling it.
 
 // movingMean is the mean of recent durations, recent ones weighing most
 // (about the last 16), and whether one was seen.

@@ -12,8 +12,14 @@ import (
 // between them. It returns the view and the clock at their last turn's end.
 func pacedView(t *testing.T, turn, pause time.Duration, turns int) (*View, time.Time) {
 	t.Helper()
-	v := newFakeRouting(1).view(Config{Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
-		Linger: 10 * time.Second, Quantum: -1})
+	return pacedViewWith(t, Config{Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
+		Linger: 10 * time.Second, Quantum: -1}, []uint64{1, 2}, turn, pause, turns)
+}
+
+// pacedViewWith is pacedView with cfg and the residents keys.
+func pacedViewWith(t *testing.T, cfg Config, keys []uint64, turn, pause time.Duration, turns int) (*View, time.Time) {
+	t.Helper()
+	v := newFakeRouting(1).view(cfg)
 	v.gate.Engage()
 	now := t0
 	for i := range turns {
@@ -21,7 +27,7 @@ func pacedView(t *testing.T, turn, pause time.Duration, turns int) (*View, time.
 			now = now.Add(pause)
 		}
 		var running []*Ticket
-		for _, key := range []uint64{1, 2} {
+		for _, key := range keys {
 			tk := v.Admit(Turn{Key: key, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
 			if tk.State() != Admitted {
 				t.Fatalf("turn %d of resident %d: state %d", i, key, tk.State())
@@ -74,4 +80,17 @@ func TestIdleReplicaTakesAWaitingTurnOnceNoResidentRuns(t *testing.T) {
 	if got := newcomer.State(); got != Admitted {
 		t.Fatalf("the newcomer once no resident runs a turn: state %d, want admitted", got)
 	}
+}
+
+// A newcomer that has room and waits only for the replica's stagger keeps
+// waiting on an idle replica whose resident runs little: the rule is for
+// turns that lack room, and pacing spreads a farm's starts.
+func TestIdleReplicaKeepsTheStaggerOfATurnThatHasRoom(t *testing.T) {
+	v, now := pacedViewWith(t, Config{Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
+		Linger: 10 * time.Second, Quantum: -1, Stagger: time.Minute}, []uint64{1}, time.Second, 5*time.Second, 3)
+	newcomer := v.Admit(Turn{Key: 3, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+	if got := newcomer.State(); got != Waiting {
+		t.Fatalf("a newcomer with room within the stagger, beside an idle resident that runs little: state %d, want waiting", got)
+	}
+	newcomer.Cancel(now)
 }
