@@ -749,7 +749,7 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	s := v.routing.Lightest(t.usable, t.key, func(s Replica) bool {
 		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy) && v.touchedAll(s, now, t.tokens)
 	})
-	if s == nil && !v.pacedOnly(t) {
+	if s == nil {
 		s = v.idleReplica(t, pin)
 	}
 	if s == nil {

@@ -58,15 +58,20 @@ func (v *View) idleKeepsLittle(s Replica) bool {
 	return float64(h.count)*g.pace.busyShare() < 1
 }
 
-// idleReplica is where t, finding no room while load control holds turns,
-// goes at once: its pin or else the least-loaded replica that is idle and
-// keeps little by holding; nil for none (g.mu held).
+// idleReplica is where t, which no replica took while load control holds
+// turns, goes at once: its pin or else the least-loaded replica that is
+// idle and keeps little by holding; nil for none, and nil when a replica
+// has room for t and only pacing holds it (g.mu held).
 func (v *View) idleReplica(t *Ticket, pin Replica) Replica {
 	if v.gate.aside.Load() {
 		return nil
 	}
-	if pin != nil && v.routing.Usable(pin, t.usable) && v.idleKeepsLittle(pin) {
-		return pin
+	s := pin
+	if s == nil || !v.routing.Usable(s, t.usable) || !v.idleKeepsLittle(s) {
+		s = v.routing.Lightest(t.usable, t.key, v.idleKeepsLittle)
 	}
-	return v.routing.Lightest(t.usable, t.key, v.idleKeepsLittle)
+	if s == nil || v.pacedOnly(t) {
+		return nil
+	}
+	return s
 }
