@@ -821,10 +821,14 @@ func (v *View) roomHolding(s Replica, held residency, tokens int) bool {
 }
 
 // capacityOf is s's KV cache in tokens: the configured one, else its
-// metrics'; 0 when unknown.
+// metrics', its GPU's alone while flows share the fleet (flowshare.go); 0
+// when unknown.
 func (v *View) capacityOf(s Replica) int {
 	if c := v.cfg.CapacityTokens; c > 0 {
 		return c
+	}
+	if v.gate.fair.several() {
+		return v.routing.GPUKVTokens(s)
 	}
 	return v.routing.KVTokens(s)
 }

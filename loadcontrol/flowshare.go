@@ -18,6 +18,12 @@ package loadcontrol
 // its prompt's size leaves out; a resident of a flow over its share yields
 // at its turn's end when that replica's residents no longer fit in its
 // cache with that room, or when a turn of a flow within its share waits.
+// With a host tier, while two flows or more share the fleet, the caches'
+// room is the GPUs' alone: a tier holds every evicted block, so turns
+// would always find room, load control would stand aside, and every turn
+// would wait in the engine's queue, first come first served, where no
+// share applies. Held at the GPUs' room, turns wait in the flows' order,
+// and the tier brings back what a kept resident lost.
 // With one flow none of this applies.
 
 // flowHold is what one flow holds resident, in all replicas.
@@ -115,7 +121,7 @@ func (v *View) keepsIdle(res *resident, now int64) bool {
 // prefix (g.mu held).
 func (v *View) keptReserve(s Replica) int {
 	g := v.gate
-	if g.aside.Load() || len(g.fair.held)+len(g.fair.flows) < 2 {
+	if g.aside.Load() || !g.fair.several() {
 		return 0
 	}
 	sh := v.shares()
@@ -139,7 +145,7 @@ func (v *View) keptReserve(s Replica) int {
 // or such a flow's turn waits (g.mu held).
 func (v *View) crowds(res *resident) bool {
 	g := v.gate
-	if g.aside.Load() || len(g.fair.held)+len(g.fair.flows) < 2 {
+	if g.aside.Load() || !g.fair.several() {
 		return false
 	}
 	sh := v.shares()
@@ -213,4 +219,19 @@ func (v *View) takeEndedPlace(t *Ticket, now int64) bool {
 		}
 	}
 	return false
+}
+
+// several reports whether two flows or more hold residents or have turns
+// waiting (g.mu held).
+func (q *fairQueue) several() bool {
+	n := len(q.held)
+	for f := range q.flows {
+		if n >= 2 {
+			break
+		}
+		if q.held[f] == nil {
+			n++
+		}
+	}
+	return n >= 2
 }

@@ -95,7 +95,8 @@ func (f *fakeRouting) Lightest(_ func(string) bool, _ uint64, ok func(Replica) b
 	return nil
 }
 
-func (f *fakeRouting) KVTokens(Replica) int { return 0 }
+func (f *fakeRouting) KVTokens(Replica) int    { return 0 }
+func (f *fakeRouting) GPUKVTokens(Replica) int { return 0 }
 
 // EstimateTokens never learns, so that every turn is sized on the assumed
 // bytes per token and may turn out underestimated.

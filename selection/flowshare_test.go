@@ -147,3 +147,25 @@ func TestAKeptConversationsReplyKeepsItsRoom(t *testing.T) {
 		mustState(t, b.farm("f2", 50, 2*time.Second), want)
 	}
 }
+
+// With a host tier, two flows share the GPUs' room, not the tier's: a farm
+// turn that the tier would take waits behind the person's resident, where
+// one flow alone is let in as the tier allows.
+func TestFlowsShareTheGPUsRoomBesideAHostTier(t *testing.T) {
+	for _, oneFlow := range []bool{false, true} {
+		r := holding(newTestRouter(2, Config{Admission: loadcontrol.Config{Enabled: true, Fill: 1, MinResidents: 1, Linger: 10 * time.Second}}))
+		for _, rep := range r.Replicas() {
+			r.SetLoad(rep.ID, Load{Known: true, KVTokens: 100})
+			r.state(rep.ID).host.tokens.Store(500)
+		}
+		b := &shareBench{t: t, r: r, person: 2, ready: map[string]bool{}}
+		if oneFlow {
+			b.person = 1
+		}
+		mustState(t, b.farm("f1", 90, 0), loadcontrol.Admitted)
+		mustState(t, b.farm("f2", 90, 0), loadcontrol.Admitted)
+		mustState(t, b.personTurn("p", 10, 0), loadcontrol.Admitted)
+		want := map[bool]loadcontrol.TicketState{false: loadcontrol.Waiting, true: loadcontrol.Admitted}[oneFlow]
+		mustState(t, b.farm("f3", 90, 0), want)
+	}
+}

@@ -120,6 +120,10 @@ func (l loadRouting) KVTokens(rep loadcontrol.Replica) int {
 	return rep.(*replicaState).capacityTokens()
 }
 
+func (l loadRouting) GPUKVTokens(rep loadcontrol.Replica) int {
+	return int(rep.(*replicaState).kvTokens.Load())
+}
+
 func (l loadRouting) EstimateTokens(bodyBytes int64) (int, bool) {
 	perToken, learned := l.v.router.bytesPerTokenLearned()
 	return tokensOf(bodyBytes, perToken), learned
