@@ -19,11 +19,11 @@ package loadcontrol
 // at its turn's end when that replica's residents no longer fit in its
 // cache with that room, or when a turn of a flow within its share waits.
 // With a host tier, while two flows or more share the fleet, the caches'
-// room is the GPUs' alone: a tier holds every evicted block, so turns
-// would always find room, load control would stand aside, and every turn
-// would wait in the engine's queue, first come first served, where no
-// share applies. Held at the GPUs' room, turns wait in the flows' order,
-// and the tier brings back what a kept resident lost.
+// room is the GPUs' alone: counted with the tier, turns would find room,
+// load control would stand aside, and every turn would wait in the
+// engine's queue, first come first served, where no share applies. Held
+// at the GPUs' room, turns wait in the flows' order, and the tier brings
+// back what a kept resident's GPU evicted.
 // With one flow none of this applies.
 
 // flowHold is what one flow holds resident, in all replicas.
