@@ -750,7 +750,7 @@ func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 		return v.mayTakeNewcomer(s, now) && v.takes(s, t, healthy) && v.touchedAll(s, now, t.tokens)
 	})
 	if s == nil {
-		s = v.idleReplica(t, pin)
+		s = v.idleReplica(t, pin, now)
 	}
 	if s == nil {
 		return false

@@ -9,7 +9,12 @@ package loadcontrol
 // queue that no replica has room for, when its residents, at the turn
 // times and pauses measured, would run less than one turn at a time on
 // average. A turn that has room and waits only for a newcomer's pace
-// (stagger, touch) keeps waiting: pacing is what spreads a farm's starts.
+// (stagger, touch) goes only to such a replica that holds two residents or
+// more and whose stagger lets it take a newcomer: the stagger is the user's
+// pace of a farm's starts, where touch only keeps idle residents' caches,
+// which a replica that sits idle keeps for little; and a single resident
+// always runs under one turn at a time, so for it the measure says nothing
+// of whether its replica idles.
 // Where turns are long beside the pauses (the agents' usual case), a
 // replica's residents keep it busy, and holding keeps caches without
 // idling it.
@@ -58,11 +63,13 @@ func (v *View) idleKeepsLittle(s Replica) bool {
 	return float64(h.count)*g.pace.busyShare() < 1
 }
 
-// idleReplica is where t, which no replica took while load control holds
-// turns, goes at once: its pin or else the least-loaded replica that is
-// idle and keeps little by holding; nil for none, and nil when a replica
-// has room for t and only pacing holds it (g.mu held).
-func (v *View) idleReplica(t *Ticket, pin Replica) Replica {
+// idleReplica is where t, which no replica took at now while load control
+// holds turns, goes at once: its pin or else the least-loaded replica that
+// is idle and keeps little by holding; when a replica has room for t and
+// only pacing holds it, the least-loaded such replica that holds two
+// residents or more and may take a newcomer now by its stagger; nil for
+// none (g.mu held).
+func (v *View) idleReplica(t *Ticket, pin Replica, now int64) Replica {
 	if v.gate.aside.Load() {
 		return nil
 	}
@@ -70,8 +77,10 @@ func (v *View) idleReplica(t *Ticket, pin Replica) Replica {
 	if s == nil || !v.routing.Usable(s, t.usable) || !v.idleKeepsLittle(s) {
 		s = v.routing.Lightest(t.usable, t.key, v.idleKeepsLittle)
 	}
-	if s == nil || v.pacedOnly(t) {
-		return nil
+	if s == nil || !v.pacedOnly(t) {
+		return s
 	}
-	return s
+	return v.routing.Lightest(t.usable, t.key, func(s Replica) bool {
+		return v.gate.held[s].count >= 2 && v.idleKeepsLittle(s) && v.mayTakeNewcomer(s, now)
+	})
 }

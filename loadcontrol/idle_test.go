@@ -94,3 +94,73 @@ func TestIdleReplicaKeepsTheStaggerOfATurnThatHasRoom(t *testing.T) {
 	}
 	newcomer.Cancel(now)
 }
+
+// The same beside two idle residents, which the rule takes turns that wait
+// only for touch to: a replica filling from empty still takes a newcomer at
+// most once per stagger.
+func TestIdleReplicaKeepsTheStaggerBesideTwoResidents(t *testing.T) {
+	v := newFakeRouting(1).view(Config{Enabled: true, CapacityTokens: 130, Fill: 1, MinResidents: 1,
+		Linger: time.Minute, Quantum: -1, Stagger: 10 * time.Second, Touch: true})
+	v.gate.Engage()
+	turn := func(key uint64, at time.Duration) {
+		tk := v.Admit(Turn{Key: key, Now: t0.Add(at)}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+		if tk.State() != Admitted {
+			t.Fatalf("resident %d at %v: state %d", key, at, tk.State())
+		}
+		tk.Done(t0.Add(at + time.Second))
+	}
+	turn(1, 0)
+	turn(2, 10*time.Second) // once the stagger let it in
+	turn(1, 10*time.Second)
+	newcomer := v.Admit(Turn{Key: 3, Now: t0.Add(12 * time.Second)}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+	if got := newcomer.State(); got != Waiting {
+		t.Fatalf("a newcomer with room within the stagger, beside two idle residents that run little: state %d, want waiting", got)
+	}
+	newcomer.Cancel(t0.Add(12 * time.Second))
+}
+
+// A newcomer that has room but waits only for touch (a conversation left
+// while the residents were idle, so their caches would be evicted first)
+// goes to an idle replica whose residents run little, as a turn that lacks
+// room does: waiting for them to come back would leave the replica idle.
+// Where their turns are long beside their pauses, it waits for them, and
+// beside a single idle resident, which always runs under one turn at a
+// time, it waits for it too.
+func TestIdleReplicaTakesATurnThatWaitsOnlyForTouch(t *testing.T) {
+	for _, c := range []struct {
+		residents   []uint64
+		turn, pause time.Duration
+		want        TicketState
+	}{
+		{[]uint64{1, 2}, time.Second, 5 * time.Second, Admitted},
+		{[]uint64{1, 2}, 10 * time.Second, time.Second, Waiting},
+		{[]uint64{1}, time.Second, 5 * time.Second, Waiting},
+	} {
+		t.Run(fmt.Sprint(len(c.residents), "x", c.turn, "+", c.pause), func(t *testing.T) {
+			// Room for the residents, the departed and the newcomer but one.
+			capacity := 40*(len(c.residents)+2) - 10
+			v, now := pacedViewWith(t, Config{Enabled: true, CapacityTokens: capacity, Fill: 1, MinResidents: 1,
+				Linger: time.Minute, Quantum: -1, Touch: true}, c.residents, c.turn, c.pause, 3)
+			gone := v.Admit(Turn{Key: 3, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+			if got := gone.State(); got != Admitted {
+				t.Fatalf("a third conversation with room: state %d, want admitted", got)
+			}
+			now = now.Add(c.turn)
+			gone.End(now, Reply{TaskEnded: true})
+			newcomer := v.Admit(Turn{Key: 4, Now: now}, Body{Bytes: 40 * fakeBytesPerToken}, nil)
+			if got := newcomer.State(); got != c.want {
+				t.Fatalf("a newcomer held by touch beside %d idle residents whose turns take %v between pauses of %v: state %d, want %d",
+					len(c.residents), c.turn, c.pause, got, c.want)
+			}
+			if c.want == Waiting {
+				v.gate.mu.Lock()
+				paced := v.pacedOnly(newcomer)
+				v.gate.mu.Unlock()
+				if !paced {
+					t.Fatalf("the newcomer waits for room, want for touch only")
+				}
+			}
+			newcomer.Cancel(now)
+		})
+	}
+}
