@@ -730,8 +730,10 @@ func (g *Gate) admitResident(t *Ticket, now int64) bool {
 // admitOne admits t (g.mu held) to the replica its conversation is resident
 // on, else to its pin if the pin has room for its tokens, else, if
 // newcomer, to the least-loaded replica that has room and may take a
-// newcomer now, or else, if it lacks room, to an idle replica whose
-// residents run little (idle.go), moving the pin there.
+// newcomer now, or else to an idle replica whose residents run little
+// (idle.go: for a turn that lacks room, or that waits only for pacing where
+// that replica holds two residents or more and its stagger lets it take a
+// newcomer), moving the pin there.
 func (v *View) admitOne(t *Ticket, now int64, newcomer bool) bool {
 	g := v.gate
 	if g.admitResident(t, now) || v.takeEndedPlace(t, now) {

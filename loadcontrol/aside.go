@@ -99,8 +99,10 @@ const lackBound = shareWeight / 2
 
 // noteLack records whether a turn lacked room (g.mu held). The lacks
 // judged against caches since found a quarter larger or more (a replica's
-// host tier, which is sized once it has stored some blocks) are forgotten:
-// they no longer say that turns lack room.
+// host tier, which is sized once it has stored some blocks, or given back
+// when the last flow but one leaves: flowshare.go) are forgotten: they no
+// longer say that turns lack room, and one flow beside a tier is served as
+// it would be alone.
 func (v *View) noteLack(lacked bool) {
 	g, capacity := v.gate, 0
 	for _, s := range v.routing.Replicas() {

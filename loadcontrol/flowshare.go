@@ -23,7 +23,8 @@ package loadcontrol
 // load control would stand aside, and every turn would wait in the
 // engine's queue, first come first served, where no share applies. Held
 // at the GPUs' room, turns wait in the flows' order, and the tier brings
-// back what a kept resident's GPU evicted.
+// back what a kept resident's GPU evicted. A flow's first turn, before it
+// holds or waits, is judged as one flow's: a person who arrives gets in.
 // With one flow none of this applies.
 
 // flowHold is what one flow holds resident, in all replicas.

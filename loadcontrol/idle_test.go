@@ -83,8 +83,9 @@ func TestIdleReplicaTakesAWaitingTurnOnceNoResidentRuns(t *testing.T) {
 }
 
 // A newcomer that has room and waits only for the replica's stagger keeps
-// waiting on an idle replica whose resident runs little: the rule is for
-// turns that lack room, and pacing spreads a farm's starts.
+// waiting on an idle replica whose single resident runs little: a single
+// resident always runs under one turn at a time, so the measure says
+// nothing of whether its replica idles.
 func TestIdleReplicaKeepsTheStaggerOfATurnThatHasRoom(t *testing.T) {
 	v, now := pacedViewWith(t, Config{Enabled: true, CapacityTokens: 100, Fill: 1, MinResidents: 1,
 		Linger: 10 * time.Second, Quantum: -1, Stagger: time.Minute}, []uint64{1}, time.Second, 5*time.Second, 3)
@@ -95,9 +96,9 @@ func TestIdleReplicaKeepsTheStaggerOfATurnThatHasRoom(t *testing.T) {
 	newcomer.Cancel(now)
 }
 
-// The same beside two idle residents, which the rule takes turns that wait
-// only for touch to: a replica filling from empty still takes a newcomer at
-// most once per stagger.
+// The same beside two idle residents, to which the rule sends a turn that
+// waits only for touch: a replica filling from empty still takes a newcomer
+// at most once per stagger.
 func TestIdleReplicaKeepsTheStaggerBesideTwoResidents(t *testing.T) {
 	v := newFakeRouting(1).view(Config{Enabled: true, CapacityTokens: 130, Fill: 1, MinResidents: 1,
 		Linger: time.Minute, Quantum: -1, Stagger: 10 * time.Second, Touch: true})

@@ -46,7 +46,8 @@ type Routing interface {
 	// KVTokens is rep's KV cache in tokens as its metrics tell it, 0 when
 	// unknown.
 	KVTokens(rep Replica) int
-	// GPUKVTokens is the part of it on the GPU, without a host tier.
+	// GPUKVTokens is the part of it on the GPU, without a host tier; 0
+	// when unknown.
 	GPUKVTokens(rep Replica) int
 	// EstimateTokens sizes a prompt from its body's bytes, and reports
 	// whether a reply has taught the bytes per token yet.

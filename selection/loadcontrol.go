@@ -115,7 +115,9 @@ func (l loadRouting) Lightest(usable func(string) bool, key uint64, ok func(load
 
 // KVTokens counts a host tier larger than the GPU cache: what the GPU
 // evicts comes back from it by a copy, so a turn that waits for GPU room
-// there waits for nothing a copy would not give sooner.
+// there waits for nothing a copy would not give sooner. While flows share
+// the fleet, load control counts the GPU's alone (GPUKVTokens,
+// loadcontrol/flowshare.go).
 func (l loadRouting) KVTokens(rep loadcontrol.Replica) int {
 	return rep.(*replicaState).capacityTokens()
 }
