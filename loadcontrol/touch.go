@@ -12,9 +12,9 @@ package loadcontrol
 // instead. So while a resident of a replica has been idle since before
 // another left it, the replica takes no newcomer, unless the departed's
 // prompts, its residents' and the newcomer's fit in its cache together,
-// when nothing resident is evicted, or its idle residents run little
-// (idle.go). The wait is at most a tool pause: a resident idle past Linger
-// leaves.
+// when nothing resident is evicted, or it holds two idle residents or more
+// that run little (idle.go). The wait is at most a tool pause: a resident
+// idle past Linger leaves.
 //
 // The newcomer is let in at the next turn's end or sweep after the last
 // idle resident's turn was admitted, not at that admission, when the
