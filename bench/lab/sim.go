@@ -282,6 +282,16 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 			for i := range out.models {
 				m := &out.models[i]
 				m.before = f.counters(m.first, m.engines)
+				// A step under way counted the requests it finishes already;
+				// their clients see them end in the window, so the window's
+				// counters count them too.
+				for eng := m.first; eng < m.first+m.engines; eng++ {
+					for _, ev := range s.stepEvents[eng] {
+						if s.stepping[eng] && ev.Finished {
+							m.before.RequestSuccess[ev.Req.FinishReason]--
+						}
+					}
+				}
 			}
 			s.openWindow()
 		}
