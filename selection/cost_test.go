@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -355,6 +356,28 @@ func TestRestoredConversationKeepsItsCache(t *testing.T) {
 			t.Errorf("restored with its prompt: %v on %s, want sticky on %s", d.Outcome, id(d), home)
 		case !kept && id(d) == home:
 			t.Errorf("restored without its prompt: %v on %s, want moved off it", d.Outcome, id(d))
+		}
+	}
+}
+
+// Among replicas where its first turn would start as soon, a new
+// conversation goes to the least loaded: beside a silent conversation
+// rather than beside one whose request runs, with whom it would share every
+// step.
+func TestNewConversationGoesBesideASilentOneRatherThanARunningOne(t *testing.T) {
+	for i := range 8 {
+		r := newTestRouter(2, Config{MaxNumSeqs: 32})
+		teachRate(r, 5000, kvLoad(1000))
+		silent := turn(t, r, "silent", 0)
+		running := r.Pick(Request{Key: "running", PromptTokens: 10000, Now: t0})
+		if id(running) == id(silent) {
+			t.Fatalf("both conversations on %s", id(silent))
+		}
+		conv := fmt.Sprintf("new-%d", i)
+		d := turn(t, r, conv, 10*time.Second)
+		running.Release()
+		if d.Outcome != Placed || id(d) != id(silent) {
+			t.Fatalf("%s: %v on %s, want placed on %s beside the silent conversation, not beside the running one", conv, d.Outcome, id(d), id(silent))
 		}
 	}
 }

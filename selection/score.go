@@ -115,12 +115,14 @@ func (v *View) freshPlace(req Request, key uint64) *replicaState {
 		}
 	}
 	if rate := v.prefillRate(); rate > 0 {
-		// Active conversations only break ties: one that is silent now
-		// does not delay this first turn.
+		// Load only breaks ties: a conversation silent now does not delay
+		// this first turn. But a request running there shares every step
+		// with it, so among replicas where it starts as soon, the least
+		// loaded, not only the one with the fewest active conversations.
 		now, elsewhere := req.Now.UnixNano(), v.uncachedElsewhere(req.PromptTokens)
 		return v.lowest(usable, key, func(s *replicaState) bool { return s.healthy.Load() && v.cost(s, true) <= limit },
 			func(s *replicaState) float64 {
-				return math.Round(v.turnCost(s, req.PromptTokens, elsewhere, now, rate)*1000) + float64(s.active.Load())/1e6
+				return math.Round(v.turnCost(s, req.PromptTokens, elsewhere, now, rate)*1000) + v.cost(s, true)/1e6
 			})
 	}
 	return v.leastRecent(usable, key, func(s *replicaState) bool { return s.active.Load() <= fewest && v.cost(s, true) <= limit })
