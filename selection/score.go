@@ -115,10 +115,9 @@ func (v *View) freshPlace(req Request, key uint64) *replicaState {
 		}
 	}
 	if rate := v.prefillRate(); rate > 0 {
-		// Load only breaks ties: a conversation silent now does not delay
-		// this first turn. But a request running there shares every step
-		// with it, so among replicas where it starts as soon, the least
-		// loaded, not only the one with the fewest active conversations.
+		// Load only breaks ties, as a conversation silent there does not
+		// delay this first turn; but all of it, requests in flight
+		// included, as a request running there shares every step with it.
 		now, elsewhere := req.Now.UnixNano(), v.uncachedElsewhere(req.PromptTokens)
 		return v.lowest(usable, key, func(s *replicaState) bool { return s.healthy.Load() && v.cost(s, true) <= limit },
 			func(s *replicaState) float64 {
