@@ -286,8 +286,11 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 				// their clients see them end in the window, so the window's
 				// counters count them too.
 				for eng := m.first; eng < m.first+m.engines; eng++ {
+					if !s.stepping[eng] {
+						continue
+					}
 					for _, ev := range s.stepEvents[eng] {
-						if s.stepping[eng] && ev.Finished {
+						if ev.Finished {
 							m.before.RequestSuccess[ev.Req.FinishReason]--
 						}
 					}
