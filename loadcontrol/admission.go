@@ -785,12 +785,12 @@ func (v *View) takes(s Replica, t *Ticket, anyHealthy bool) bool {
 // however long, and every replica takes any while load control steps
 // aside.
 func (v *View) hasRoom(s Replica, tokens int) bool {
-	return v.room(s, v.gate.held[s], tokens)
+	return v.room(s, v.gate.held[s], tokens, false)
 }
 
 // roomFor is hasRoom for t's turn.
 func (v *View) roomFor(s Replica, t *Ticket) bool {
-	return v.room(s, v.heldBesides(s, t), t.tokens)
+	return v.room(s, v.heldBesides(s, t), t.tokens, v.withinShare(t))
 }
 
 // heldBesides is what s holds besides t's conversation, which, resident on
@@ -805,21 +805,23 @@ func (v *View) heldBesides(s Replica, t *Ticket) residency {
 }
 
 // room reports whether s, holding held, has room for a prompt of tokens
-// more.
-func (v *View) room(s Replica, held residency, tokens int) bool {
-	return v.gate.aside.Load() || v.roomHolding(s, held, tokens)
+// more; gpuOnly judges it at the GPU's room while flows share the fleet
+// (flowshare.go).
+func (v *View) room(s Replica, held residency, tokens int, gpuOnly bool) bool {
+	return v.gate.aside.Load() || v.roomHolding(s, held, tokens, gpuOnly)
 }
 
 // roomHolding is room as load control judges it while it holds turns.
-func (v *View) roomHolding(s Replica, held residency, tokens int) bool {
+func (v *View) roomHolding(s Replica, held residency, tokens int, gpuOnly bool) bool {
 	if n, _ := held.with(tokens); n <= v.cfg.MinResidents {
 		return true
 	}
-	capacity := v.capacityOf(s)
+	reserve := v.keptReserve(s)
+	capacity := v.roomOf(s, reserve, gpuOnly)
 	if capacity <= 0 {
 		return true // unknown capacity: no control rather than none served
 	}
-	return float64(v.distinct(held, tokens)+v.keptReserve(s)) <= v.fillOf(s)*float64(capacity)
+	return float64(v.distinct(held, tokens)+reserve) <= v.fillOf(s)*float64(capacity)
 }
 
 // capacityOf is s's KV cache in tokens: the configured one, else its

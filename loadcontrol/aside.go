@@ -130,7 +130,7 @@ func (g *Gate) Engage() {
 // room on no usable replica were load control holding turns (g.mu held).
 func (v *View) lacksRoom(t *Ticket) bool {
 	for _, s := range v.routing.Replicas() {
-		if v.routing.Usable(s, t.usable) && v.roomHolding(s, v.heldBesides(s, t), t.tokens) {
+		if v.routing.Usable(s, t.usable) && v.roomHolding(s, v.heldBesides(s, t), t.tokens, true) {
 			return false
 		}
 	}
@@ -140,7 +140,7 @@ func (v *View) lacksRoom(t *Ticket) bool {
 // overShare reports whether what s holds resident is over its share of
 // cache (g.mu held).
 func (v *View) overShare(s Replica) bool {
-	return !v.roomHolding(s, v.gate.held[s], 0)
+	return !v.roomHolding(s, v.gate.held[s], 0, true)
 }
 
 // overflows reports whether what s holds resident is over its whole

@@ -18,14 +18,17 @@ package loadcontrol
 // its prompt's size leaves out; a resident of a flow over its share yields
 // at its turn's end when that replica's residents no longer fit in its
 // cache with that room, or when a turn of a flow within its share waits.
-// With a host tier, while two flows or more share the fleet, the caches'
-// room is the GPUs' alone: counted with the tier, turns would find room,
-// load control would stand aside, and every turn would wait in the
-// engine's queue, first come first served, where no share applies. Held
-// at the GPUs' room, turns wait in the flows' order, and the tier brings
-// back what a kept resident's GPU evicted. A flow's first turn, before it
-// holds or waits, is judged as one flow's: a person who arrives gets in.
-// With one flow none of this applies.
+// With a host tier, while two flows or more share the fleet, a replica
+// where a flow within its share keeps a resident has the GPU's room
+// alone: counted with the tier, turns would find room there, and the
+// person's turn would wait in the engine's queue behind the farm's, first
+// come first served, where no share applies. Elsewhere the tier counts,
+// and the farm's turns wait in the engine's queue among themselves, as
+// they would without load control, rather than in ours. A turn of a flow
+// within its share has the GPU's room alone wherever it goes, and whether
+// turns lack room is judged at the GPUs' room. A flow's first turn,
+// before it holds or waits, is judged as one flow's: a person who arrives
+// gets in. With one flow none of this applies.
 
 // flowHold is what one flow holds resident, in all replicas.
 type flowHold struct {
@@ -204,7 +207,7 @@ func (v *View) takeEndedPlace(t *Ticket, now int64) bool {
 			res.leaving = true
 			held.count--
 			held.tokens -= res.tokens
-			if v.roomHolding(s, held, t.tokens) {
+			if v.roomHolding(s, held, t.tokens, v.withinShare(t)) {
 				for _, r := range ended {
 					g.drop(r, now)
 				}
@@ -235,4 +238,21 @@ func (q *fairQueue) several() bool {
 		}
 	}
 	return n >= 2
+}
+
+// roomOf is the room s has for residents (capacityOf), the host tier
+// counted too while flows share the fleet where no flow within its share
+// keeps a resident (reserve 0), unless gpuOnly: a turn of such a flow, or
+// whether a turn lacks room (g.mu held).
+func (v *View) roomOf(s Replica, reserve int, gpuOnly bool) int {
+	if gpuOnly || reserve > 0 || v.cfg.CapacityTokens > 0 || !v.gate.fair.several() {
+		return v.capacityOf(s)
+	}
+	return v.routing.KVTokens(s)
+}
+
+// withinShare reports whether t's flow is within its share while another
+// flow holds residents or waits (g.mu held).
+func (v *View) withinShare(t *Ticket) bool {
+	return v.gate.fair.several() && v.shares().within(&v.gate.fair, t.fair.flow)
 }

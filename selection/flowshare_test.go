@@ -148,9 +148,10 @@ func TestAKeptConversationsReplyKeepsItsRoom(t *testing.T) {
 	}
 }
 
-// With a host tier, two flows share the GPUs' room, not the tier's: a farm
-// turn that the tier would take waits behind the person's resident, where
-// one flow alone is let in as the tier allows.
+// With a host tier, two flows share the GPU's room where the person keeps
+// a resident, and the tier's elsewhere: a farm turn that the tier would
+// take goes beside the farm, not the person, where one flow alone is let in
+// as the tier allows, beside anyone.
 func TestFlowsShareTheGPUsRoomBesideAHostTier(t *testing.T) {
 	for _, oneFlow := range []bool{false, true} {
 		r := holding(newTestRouter(2, Config{Admission: loadcontrol.Config{Enabled: true, Fill: 1, MinResidents: 1, Linger: 10 * time.Second}}))
@@ -165,7 +166,16 @@ func TestFlowsShareTheGPUsRoomBesideAHostTier(t *testing.T) {
 		mustState(t, b.farm("f1", 90, 0), loadcontrol.Admitted)
 		mustState(t, b.farm("f2", 90, 0), loadcontrol.Admitted)
 		mustState(t, b.personTurn("p", 10, 0), loadcontrol.Admitted)
+		mustState(t, b.farm("f3", 90, 0), loadcontrol.Admitted)
+		mustState(t, b.farm("f4", 90, 0), loadcontrol.Admitted)
+		person := b.r.pinOf(HashKey("p"), t0.UnixNano(), int64(time.Hour))
+		for _, f := range []string{"f3", "f4"} {
+			if pin := b.r.pinOf(HashKey(f), t0.UnixNano(), int64(time.Hour)); !oneFlow && pin == person {
+				t.Errorf("%s placed beside the person's resident on %s, want beside the farm's", f, pin.ID)
+			}
+		}
+		// The person's next conversation has the GPU's room alone, wherever.
 		want := map[bool]loadcontrol.TicketState{false: loadcontrol.Waiting, true: loadcontrol.Admitted}[oneFlow]
-		mustState(t, b.farm("f3", 90, 0), want)
+		mustState(t, b.personTurn("p2", 20, 0), want)
 	}
 }
