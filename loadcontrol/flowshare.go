@@ -207,7 +207,7 @@ func (v *View) takeEndedPlace(t *Ticket, now int64) bool {
 			res.leaving = true
 			held.count--
 			held.tokens -= res.tokens
-			if v.roomHolding(s, held, t.tokens, v.withinShare(t)) {
+			if v.roomHolding(s, held, t.tokens, true) { // t's flow is within its share: the GPU's room
 				for _, r := range ended {
 					g.drop(r, now)
 				}
