@@ -38,12 +38,14 @@ func (b *Bound) Arrive(prompt []uint32) (hitTokens int, c Chain) {
 	hitting := true
 	for blk := range len(prompt) / b.blockSize {
 		c = b.next(c, prompt)
-		if _, ok := b.seen[c.hash]; ok && hitting && blk < limit {
+		if _, ok := b.seen[c.hash]; !ok {
+			hitting = false
+			b.seen[c.hash] = struct{}{}
+		} else if hitting && blk < limit {
 			hitTokens = c.tokens
 		} else {
 			hitting = false
 		}
-		b.seen[c.hash] = struct{}{}
 	}
 	return hitTokens, c
 }

@@ -131,6 +131,7 @@ type slot struct {
 	// awaited is set while the session, its first request sent in the
 	// measured window, has not ended: the run goes on until it does.
 	awaited bool
+	prompt  promptMemo
 }
 
 // request is one turn in flight.
@@ -433,7 +434,7 @@ func (s *sim) send(slotIndex int) {
 func (s *sim) newRequest(slotIndex int, turn agentload.Turn) (*request, Arrival) {
 	sl := &s.slots[slotIndex]
 	person := &s.people[sl.person]
-	prompt := promptOf(turn)
+	prompt := sl.prompt.of(turn)
 	r := &request{
 		slot:    slotIndex,
 		session: sl.session,
@@ -712,6 +713,37 @@ func promptOf(turn agentload.Turn) []uint32 {
 		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
 	}
 	return tokenizer.ChatTokens(turn.System, msgs)
+}
+
+// promptMemo is a slot's last prompt as the simulator's server tokenizes
+// it: a conversation's next turn repeats its messages and adds some, and
+// only those are tokenized again, which keeps long conversations from
+// costing the lab the square of their length.
+type promptMemo struct {
+	system string
+	msgs   []agentload.Message
+	tokens []uint32 // the rendering, without the generation prompt
+}
+
+// of is promptOf(turn).
+func (m *promptMemo) of(turn agentload.Turn) []uint32 {
+	kept := 0
+	if len(m.tokens) > 0 && turn.System == m.system && len(turn.Messages) >= len(m.msgs) {
+		for kept < len(m.msgs) && turn.Messages[kept] == m.msgs[kept] {
+			kept++
+		}
+	}
+	system := ""
+	if kept < len(m.msgs) || len(m.tokens) == 0 || turn.System != m.system {
+		kept, system, m.tokens = 0, turn.System, m.tokens[:0]
+	}
+	msgs := make([]tokenizer.Message, len(turn.Messages)-kept)
+	for i, msg := range turn.Messages[kept:] {
+		msgs[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content}
+	}
+	m.tokens = tokenizer.AppendChat(m.tokens, system, msgs)
+	m.system, m.msgs = turn.System, append(m.msgs[:0], turn.Messages...)
+	return tokenizer.AppendGenerationPrompt(slices.Clip(m.tokens))
 }
 
 // bodyBytes approximates the Content-Length of the turn's Anthropic request:

@@ -91,6 +91,7 @@ type Request struct {
 	numCachedBlocks int      // leading blocks registered in the prefix cache
 	blockHashes     []uint64 // chained hashes of the full blocks of known tokens
 	hostSlots       []int32  // where each block was last seen in the host tier (-1: not yet)
+	prefixHits      []int32  // the prefix cache's blocks cachedPrefix last found, while it waits
 
 	// With a host tier:
 	externalTokens   int           // tokens loaded from the host tier when first scheduled
@@ -174,7 +175,6 @@ type Engine struct {
 	running   []*Request // in admission order; the last is preempted first
 	counters  Stats
 	scheduled []scheduledRequest // scratch, reused every step
-	hits      []int32            // scratch, reused every step
 	events    []Event            // returned by Step, reused every step
 
 	host          *hostPool  // the host tier; nil without one
@@ -388,6 +388,7 @@ func (e *Engine) schedule(now time.Duration) {
 		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]
 		e.release(r)
+		r.prefixHits = nil
 		r.state = stateRunning
 		e.running = append(e.running, r)
 		if !r.scheduledOnce {
@@ -423,18 +424,28 @@ func (e *Engine) countLookup(r *Request, local, external int) {
 }
 
 // cachedPrefix finds the longest run of r's leading full blocks in the prefix cache, leaving at
-// least one token to compute (its logits give the next token).
+// least one token to compute (its logits give the next token). A request at the head of the
+// queue asks again every step while it waits for blocks: the blocks it found last time are
+// checked by their hashes, cheaper than a lookup, and only the rest is looked up.
 func (e *Engine) cachedPrefix(r *Request) []int32 {
 	bs := e.profile.BlockSize
-	e.hits = e.hits[:0]
-	for b := range (r.numTokens() - 1) / bs {
+	full := (r.numTokens() - 1) / bs
+	hits := r.prefixHits[:0]
+	for b, blk := range r.prefixHits[:min(len(r.prefixHits), full)] {
+		if e.pool.hashes[blk] != r.blockHashes[b] {
+			break
+		}
+		hits = append(hits, blk)
+	}
+	for b := len(hits); b < full; b++ {
 		blk, ok := e.pool.lookup(r.blockHash(b, bs))
 		if !ok {
 			break
 		}
-		e.hits = append(e.hits, blk)
+		hits = append(hits, blk)
 	}
-	return e.hits
+	r.prefixHits = hits
+	return hits
 }
 
 // CachedTokens returns the prefix-cache hit, in tokens, that a request with this prompt would

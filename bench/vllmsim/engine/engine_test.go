@@ -410,3 +410,23 @@ func TestCachedTokensIsTheHitWithoutTouchingTheCache(t *testing.T) {
 		t.Fatalf("A: CachedTokens said %d, the request hit %d, want 8", want, againA.CachedTokens)
 	}
 }
+
+func TestWaitingRequestLosesTheHitsEvictedWhileItWaits(t *testing.T) {
+	// 8 blocks of 4 tokens. A's 4 blocks are cached and free, behind the 4 never used. X
+	// (2 blocks) runs; W, A's prompt and 12 tokens more (7 blocks, 4 of them cached), does not
+	// fit beside it and waits, looking its prefix up at every step. X's reply takes 3 blocks
+	// more: the last 2 never used, then A's last block. W then finds 3 blocks cached, not 4.
+	e := newEngine(t, smallProfile(4, 8))
+	a := seq(100, 16)
+	now := serve(t, e, request(a, 1), 0)
+	x, w := request(seq(300, 8), 12), request(concat(a, seq(500, 12)), 1)
+	for _, r := range []*Request{x, w} {
+		if err := e.Add(r, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drain(t, e, now)
+	if x.Generated != 12 || w.CachedTokens != 12 {
+		t.Fatalf("X generated %d tokens (want 12), W found %d tokens cached (want 12)", x.Generated, w.CachedTokens)
+	}
+}

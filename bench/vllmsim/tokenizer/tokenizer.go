@@ -49,10 +49,12 @@ func AppendTokens(dst []uint32, text string) []uint32 {
 
 // chunkID hashes up to 4 bytes (FNV-1a over the bytes and the length) into a chunk id.
 func chunkID(chunk string) uint32 {
-	var buf [CharsPerToken]byte
-	copy(buf[:], chunk)
 	h := uint32(2166136261)
-	for _, b := range buf {
+	for i := range CharsPerToken {
+		var b byte // a short chunk hashes as if padded with zeros
+		if i < len(chunk) {
+			b = chunk[i]
+		}
 		h = (h ^ uint32(b)) * 16777619
 	}
 	h = (h ^ uint32(len(chunk))) * 16777619
@@ -84,16 +86,26 @@ func ChatTokens(system string, msgs []Message) []uint32 {
 	for _, m := range msgs {
 		size += len(m.Content)/CharsPerToken + 8
 	}
-	out := make([]uint32, 0, size)
+	return AppendGenerationPrompt(AppendChat(make([]uint32, 0, size), system, msgs))
+}
+
+// AppendChat appends the rendering of a conversation that ChatTokens ends with its generation
+// prompt: a conversation that grows by messages renders as its last rendering and theirs.
+func AppendChat(dst []uint32, system string, msgs []Message) []uint32 {
 	if system != "" {
-		out = appendTurn(out, "system", system)
+		dst = appendTurn(dst, "system", system)
 	}
 	for _, m := range msgs {
-		out = appendTurn(out, m.Role, m.Content)
+		dst = appendTurn(dst, m.Role, m.Content)
 	}
-	out = append(out, ImStart)
-	out = AppendTokens(out, "assistant")
-	return append(out, Newline)
+	return dst
+}
+
+// AppendGenerationPrompt appends what opens the assistant's turn.
+func AppendGenerationPrompt(dst []uint32) []uint32 {
+	dst = append(dst, ImStart)
+	dst = AppendTokens(dst, "assistant")
+	return append(dst, Newline)
 }
 
 func appendTurn(dst []uint32, role, content string) []uint32 {
