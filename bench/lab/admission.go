@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/lmwarden/caddy-warden/loadcontrol"
@@ -50,6 +52,7 @@ type admissionPolicy struct {
 	*wardenPolicy
 	env     *Env
 	waiting map[*loadcontrol.Ticket]waiter
+	queued  uint64 // turns held so far, which orders them
 	// seen, when not nil, records what load control believed of each turn,
 	// to be checked against the engines' ground truth.
 	seen []belief
@@ -63,9 +66,11 @@ type belief struct {
 	resident bool // its conversation was resident: its prefix should be cached
 }
 
-// waiter is a held turn: when it was queued and how to send it.
+// waiter is a held turn: when it was queued, its rank among the turns
+// held, and how to send it.
 type waiter struct {
 	since time.Duration
+	order uint64
 	send  func()
 }
 
@@ -116,7 +121,8 @@ func (p *admissionPolicy) Hold(a Arrival, dispatch func(engine int, release func
 		dispatch(-1, nil)
 		return nil
 	}
-	p.waiting[t] = waiter{since: a.Now, send: send}
+	p.queued++
+	p.waiting[t] = waiter{since: a.Now, order: p.queued, send: send}
 	return func() bool {
 		delete(p.waiting, t)
 		return t.Cancel(virtualTime(p.env.Now()))
@@ -133,10 +139,21 @@ func flowID(person string) uint64 {
 }
 
 // forceOverdue sends the turns that waited MaxWait, as Caddy's request
-// goroutines do when their timer fires.
+// goroutines do when their timer fires, those held first first: in the
+// map's order, a run would not repeat itself.
 func (p *admissionPolicy) forceOverdue(now time.Duration) {
+	var overdue []*loadcontrol.Ticket
 	for t, w := range p.waiting {
-		if now-w.since >= p.view.MaxWait() && t.Force(virtualTime(now)) {
+		if now-w.since >= p.view.MaxWait() {
+			overdue = append(overdue, t)
+		}
+	}
+	slices.SortFunc(overdue, func(a, b *loadcontrol.Ticket) int {
+		return cmp.Compare(p.waiting[a].order, p.waiting[b].order)
+	})
+	for _, t := range overdue {
+		w, ok := p.waiting[t] // sending one may have admitted another
+		if ok && t.Force(virtualTime(now)) {
 			delete(p.waiting, t)
 			w.send()
 		}
