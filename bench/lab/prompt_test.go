@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
 )
 
 func TestSlotPromptIsTheTokenizersWhateverTheTurns(t *testing.T) {
@@ -34,4 +35,14 @@ func TestSlotPromptIsTheTokenizersWhateverTheTurns(t *testing.T) {
 			t.Fatalf("turn %d's prompt changed after the turns that followed it", i)
 		}
 	}
+}
+
+// promptOf is the turn's prompt as the simulator's server tokenizes it,
+// rendered whole: what promptMemo must give.
+func promptOf(turn agentload.Turn) []uint32 {
+	msgs := make([]tokenizer.Message, len(turn.Messages))
+	for i, m := range turn.Messages {
+		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	return tokenizer.ChatTokens(turn.System, msgs)
 }

@@ -706,15 +706,6 @@ func (s *sim) sampleBusy() {
 	s.busySamples++
 }
 
-// promptOf is the turn's prompt as the simulator's server tokenizes it.
-func promptOf(turn agentload.Turn) []uint32 {
-	msgs := make([]tokenizer.Message, len(turn.Messages))
-	for i, m := range turn.Messages {
-		msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
-	}
-	return tokenizer.ChatTokens(turn.System, msgs)
-}
-
 // promptMemo is a slot's last prompt as the simulator's server tokenizes
 // it: a conversation's next turn repeats its messages and adds some, and
 // only those are tokenized again, which keeps long conversations from
@@ -725,7 +716,7 @@ type promptMemo struct {
 	tokens []uint32 // the rendering, without the generation prompt
 }
 
-// of is promptOf(turn).
+// of is the turn's prompt as the simulator's server tokenizes it.
 func (m *promptMemo) of(turn agentload.Turn) []uint32 {
 	kept := 0
 	if len(m.tokens) > 0 && turn.System == m.system && len(turn.Messages) >= len(m.msgs) {
