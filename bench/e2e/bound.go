@@ -11,6 +11,7 @@ import (
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
 	"github.com/lmwarden/caddy-warden/bench/hitbound"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/server"
 )
 
@@ -23,8 +24,9 @@ import (
 type boundRecorder struct {
 	header string
 
-	mu    sync.Mutex
-	bound *hitbound.Bound
+	mu        sync.Mutex
+	blockSize int
+	bound     *hitbound.Bound
 	last  map[string]*turnTokens // by session, until its last turn ends
 	from  time.Time              // requests arriving before are not counted
 	// counts are the measured hits and prompt tokens by the model the
@@ -36,12 +38,12 @@ type boundCount struct{ hits, prompted int }
 
 type turnTokens struct {
 	prompt []uint32
-	chain  hitbound.Chain
-	output int // reply tokens, once the turn ended
+	hashes []uint64 // the prompt's full blocks'
+	output int      // reply tokens, once the turn ended
 }
 
 func newBoundRecorder(sessionHeader string, blockSize int) *boundRecorder {
-	return &boundRecorder{header: sessionHeader, bound: hitbound.New(blockSize), last: map[string]*turnTokens{}, counts: map[string]boundCount{}}
+	return &boundRecorder{header: sessionHeader, blockSize: blockSize, bound: hitbound.New(blockSize), last: map[string]*turnTokens{}, counts: map[string]boundCount{}}
 }
 
 // through returns a RoundTripper that records each request's prompt, then
@@ -93,10 +95,17 @@ func (b *boundRecorder) record(req *http.Request) error {
 func (b *boundRecorder) arrive(session, model string, prompt []uint32) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if prev := b.last[session]; prev != nil && prev.output > 0 && len(prompt) >= len(prev.prompt)+prev.output {
-		b.bound.Finish(prev.chain, prev.prompt, prompt[len(prev.prompt):len(prev.prompt)+prev.output])
+	hashes := engine.BlockHashes(prompt, b.blockSize)
+	var after []uint64
+	if prev := b.last[session]; prev != nil {
+		after = prev.hashes
+		if end := len(prev.prompt) + prev.output; prev.output > 1 && len(prompt) >= end {
+			// The previous turn computed its prompt and its reply but the last token.
+			computed := engine.BlockHashes(prompt[:end-1], b.blockSize)
+			b.bound.Finish(computed[len(prev.hashes):])
+		}
 	}
-	hit, chain := b.bound.Arrive(prompt)
+	hit := b.bound.Arrive(hashes, len(prompt), after)
 	if !time.Now().Before(b.from) {
 		c := b.counts[model]
 		c.hits += hit
@@ -104,7 +113,7 @@ func (b *boundRecorder) arrive(session, model string, prompt []uint32) {
 		b.counts[model] = c
 	}
 	if session != "" {
-		b.last[session] = &turnTokens{prompt: prompt, chain: chain}
+		b.last[session] = &turnTokens{prompt: prompt, hashes: hashes}
 	}
 }
 

@@ -24,55 +24,40 @@ func New(blockSize int) *Bound {
 	return &Bound{blockSize: blockSize, seen: map[uint64]struct{}{}}
 }
 
-// Chain is where a token sequence's block hashes stopped: the hash of its
-// last full block and how many tokens those blocks cover.
-type Chain struct {
-	hash   uint64
-	tokens int
-}
-
-// Arrive returns the bound hit of a request with prompt, in tokens, and
-// records its prompt's full blocks as computed.
-func (b *Bound) Arrive(prompt []uint32) (hitTokens int, c Chain) {
-	limit := (len(prompt) - 1) / b.blockSize
-	hitting := true
-	for blk := range len(prompt) / b.blockSize {
-		c = b.next(c, prompt)
-		if _, ok := b.seen[c.hash]; !ok {
+// Arrive returns the bound hit of a request whose prompt has promptTokens
+// tokens and whose full blocks have the chained hashes given (equal hashes
+// meaning equal prefixes, as the engine's BlockHashes), and records those
+// blocks as computed. after is the hashes of an earlier request's prompt
+// (the conversation's previous turn), or nil: the blocks the two share need
+// no lookup, which keeps a long conversation from costing the square of its
+// length.
+func (b *Bound) Arrive(hashes []uint64, promptTokens int, after []uint64) (hitTokens int) {
+	limit := (promptTokens - 1) / b.blockSize
+	known := 0
+	for known < min(len(hashes), len(after)) && hashes[known] == after[known] {
+		known++
+	}
+	hitting := known <= limit
+	hitTokens = min(known, limit) * b.blockSize
+	for blk := known; blk < len(hashes); blk++ {
+		if _, ok := b.seen[hashes[blk]]; !ok {
 			hitting = false
-			b.seen[c.hash] = struct{}{}
+			b.seen[hashes[blk]] = struct{}{}
 		} else if hitting && blk < limit {
-			hitTokens = c.tokens
+			hitTokens = (blk + 1) * b.blockSize
 		} else {
 			hitting = false
 		}
 	}
-	return hitTokens, c
+	return hitTokens
 }
 
-// Finish records the full blocks of prompt followed by the computed output
-// tokens (all but the last), continuing from the prompt's chain c.
-func (b *Bound) Finish(c Chain, prompt, output []uint32) {
-	if len(output) < 2 {
-		return
+// Finish records the blocks a request computed past its prompt's full
+// blocks: hashes are those of the full blocks of its prompt followed by its
+// output tokens but the last (whose KV is never computed), from the first
+// past the prompt's.
+func (b *Bound) Finish(hashes []uint64) {
+	for _, h := range hashes {
+		b.seen[h] = struct{}{}
 	}
-	tail := append(prompt[c.tokens:len(prompt):len(prompt)], output[:len(output)-1]...)
-	rest := Chain{hash: c.hash}
-	for range len(tail) / b.blockSize {
-		rest = b.next(rest, tail)
-		b.seen[rest.hash] = struct{}{}
-	}
-}
-
-// next extends c by the block of tokens starting at c.tokens: FNV-1a, a token
-// at a time, over the parent hash and the block, so equal hashes mean equal
-// prefixes.
-func (b *Bound) next(c Chain, tokens []uint32) Chain {
-	const prime = 1099511628211
-	h := uint64(14695981039346656037) ^ c.hash
-	h *= prime
-	for _, t := range tokens[c.tokens : c.tokens+b.blockSize] {
-		h = (h ^ uint64(t)) * prime
-	}
-	return Chain{hash: h, tokens: c.tokens + b.blockSize}
 }

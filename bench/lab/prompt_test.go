@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/lmwarden/caddy-warden/bench/agentload"
+	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
 )
 
@@ -21,18 +22,25 @@ func TestSlotPromptIsTheTokenizersWhateverTheTurns(t *testing.T) {
 		{System: "another system", Messages: []agentload.Message{msg("user", "a summary of it all")}},
 		{System: "another system", Messages: []agentload.Message{msg("user", "a summary of it all, edited")}},
 	}
+	const blockSize = 4 // several blocks per message, some across two
 	var m promptMemo
 	var prompts [][]uint32
+	var hashes [][]uint64
 	for i, turn := range turns {
-		got := m.of(turn)
-		if want := promptOf(turn); !slices.Equal(got, want) {
+		got, gotHashes := m.of(turn, blockSize)
+		want := promptOf(turn)
+		if !slices.Equal(got, want) {
 			t.Fatalf("turn %d: %d tokens, want the tokenizer's %d", i, len(got), len(want))
 		}
-		prompts = append(prompts, got)
+		if !slices.Equal(gotHashes, engine.BlockHashes(want, blockSize)) {
+			t.Fatalf("turn %d: block hashes are not those of its prompt", i)
+		}
+		prompts, hashes = append(prompts, got), append(hashes, gotHashes)
 	}
 	for i, turn := range turns {
-		if !slices.Equal(prompts[i], promptOf(turn)) {
-			t.Fatalf("turn %d's prompt changed after the turns that followed it", i)
+		want := promptOf(turn)
+		if !slices.Equal(prompts[i], want) || !slices.Equal(hashes[i], engine.BlockHashes(want, blockSize)) {
+			t.Fatalf("turn %d's prompt or hashes changed after the turns that followed it", i)
 		}
 	}
 }

@@ -132,6 +132,7 @@ type slot struct {
 	// measured window, has not ended: the run goes on until it does.
 	awaited bool
 	prompt  promptMemo
+	arrived []uint64 // the block hashes of the slot's last prompt the hit bound took
 }
 
 // request is one turn in flight.
@@ -143,8 +144,7 @@ type request struct {
 	side     bool // a side call, to the small model's engines
 	session  *agentload.Session
 	req      *engine.Request
-	chain    hitbound.Chain // the prompt's block hashes, for the hit bound
-	boundHit int            // the hit bound's tokens for this prompt
+	boundHit int // the hit bound's tokens for this prompt
 	// warmup is set for a request the engine admitted before the measured
 	// window: the engines' counters of the window do not include it.
 	warmup bool
@@ -434,12 +434,13 @@ func (s *sim) send(slotIndex int) {
 func (s *sim) newRequest(slotIndex int, turn agentload.Turn) (*request, Arrival) {
 	sl := &s.slots[slotIndex]
 	person := &s.people[sl.person]
-	prompt := sl.prompt.of(turn)
+	prompt, hashes := sl.prompt.of(turn, s.env.cfg.Profile.BlockSize)
 	r := &request{
 		slot:    slotIndex,
 		session: sl.session,
 		req: &engine.Request{
 			Prompt:       prompt,
+			PromptHashes: hashes,
 			MaxTokens:    turn.MaxTokens,
 			Output:       tokenizer.Reply(replySeed(s.seed, sl.session.Index, turn.Index), turn.MaxTokens, false),
 			CachedTokens: notAdmitted,
@@ -488,7 +489,9 @@ func (s *sim) dispatch(r *request, eng int, release func(loadcontrol.Reply)) {
 		return
 	}
 	r.result.Engine = s.fleet.addresses[eng]
-	r.boundHit, r.chain = s.fleet.bound.Arrive(r.req.Prompt)
+	sl := &s.slots[r.slot]
+	r.boundHit = s.fleet.bound.Arrive(r.req.PromptHashes, len(r.req.Prompt), sl.arrived)
+	sl.arrived = r.req.PromptHashes
 	*held = r
 	s.byRequest[r.req] = r
 	if !s.stepping[eng] {
@@ -574,7 +577,7 @@ func (s *sim) finish(r *request) {
 	r.result.End, r.result.Status = virtualTime(s.now), 200
 	r.result.OutputTokens, r.result.CachedTokens = r.received-r.early, r.req.CachedTokens
 	s.results = append(s.results, r.result)
-	s.fleet.bound.Finish(r.chain, r.req.Prompt, output)
+	s.fleet.bound.Finish(computedPastPrompt(r.req, output, s.env.cfg.Profile.BlockSize))
 	s.countBound(r)
 	if r.side {
 		s.sideEnded(r.slot) // its reply stays out of the conversation
@@ -714,10 +717,12 @@ type promptMemo struct {
 	system string
 	msgs   []agentload.Message
 	tokens []uint32 // the rendering, without the generation prompt
+	hashes []uint64 // the last prompt's block hashes, which no one changes
 }
 
-// of is the turn's prompt as the simulator's server tokenizes it.
-func (m *promptMemo) of(turn agentload.Turn) []uint32 {
+// of is the turn's prompt as the simulator's server tokenizes it, and the
+// hashes of its full blocks of blockSize tokens (engine.BlockHashes).
+func (m *promptMemo) of(turn agentload.Turn, blockSize int) ([]uint32, []uint64) {
 	kept := 0
 	if len(m.tokens) > 0 && turn.System == m.system && len(turn.Messages) >= len(m.msgs) {
 		for kept < len(m.msgs) && turn.Messages[kept] == m.msgs[kept] {
@@ -728,13 +733,30 @@ func (m *promptMemo) of(turn agentload.Turn) []uint32 {
 	if kept < len(m.msgs) || len(m.tokens) == 0 || turn.System != m.system {
 		kept, system, m.tokens = 0, turn.System, m.tokens[:0]
 	}
+	keptBlocks := min(len(m.tokens)/blockSize, len(m.hashes))
 	msgs := make([]tokenizer.Message, len(turn.Messages)-kept)
 	for i, msg := range turn.Messages[kept:] {
 		msgs[i] = tokenizer.Message{Role: msg.Role, Content: msg.Content}
 	}
 	m.tokens = tokenizer.AppendChat(m.tokens, system, msgs)
 	m.system, m.msgs = turn.System, append(m.msgs[:0], turn.Messages...)
-	return tokenizer.AppendGenerationPrompt(slices.Clip(m.tokens))
+	prompt := tokenizer.AppendGenerationPrompt(slices.Clip(m.tokens))
+	// A fresh slice each turn: the engine and the hit bound keep the last.
+	hashes := make([]uint64, keptBlocks, len(prompt)/blockSize)
+	copy(hashes, m.hashes)
+	m.hashes = engine.AppendBlockHashes(hashes, prompt[keptBlocks*blockSize:], blockSize)
+	return prompt, m.hashes
+}
+
+// computedPastPrompt is the hashes of the blocks a finished request computed
+// past its prompt's full blocks: its prompt and output but the last token.
+func computedPastPrompt(r *engine.Request, output []uint32, blockSize int) []uint64 {
+	if len(output) < 2 {
+		return nil
+	}
+	full := len(r.PromptHashes)
+	tail := slices.Concat(r.Prompt[full*blockSize:], output[:len(output)-1])
+	return engine.AppendBlockHashes(slices.Clip(r.PromptHashes), tail, blockSize)[full:]
 }
 
 // bodyBytes approximates the Content-Length of the turn's Anthropic request:

@@ -71,6 +71,10 @@ type Request struct {
 	// Stopped says the Output's last token is the model's own end of reply, so that a
 	// reply of exactly MaxTokens tokens finishes with "stop" rather than "length".
 	Stopped bool
+	// PromptHashes, if set, are the chained hashes of the prompt's leading full blocks as
+	// BlockHashes gives them, which a caller that keeps them from a conversation's previous
+	// turn passes to spare the engine hashing the whole prompt again; it hashes the rest.
+	PromptHashes []uint64
 
 	// Arrival is the time of Add.
 	Arrival time.Duration
@@ -140,8 +144,16 @@ func chainHash(parent uint64, from, blockSize int, token func(int) uint32) uint6
 // BlockHashes returns the prefix-cache hashes of the full blocks of tokens, the chain the
 // engine looks up and reports in its KV events.
 func BlockHashes(tokens []uint32, blockSize int) []uint64 {
-	hashes := make([]uint64, 0, len(tokens)/blockSize)
+	return AppendBlockHashes(make([]uint64, 0, len(tokens)/blockSize), tokens, blockSize)
+}
+
+// AppendBlockHashes appends to hashes, those of a token sequence's leading full blocks, the
+// hashes of the full blocks of tokens, which follow those blocks in the sequence.
+func AppendBlockHashes(hashes []uint64, tokens []uint32, blockSize int) []uint64 {
 	parent := uint64(0)
+	if len(hashes) > 0 {
+		parent = hashes[len(hashes)-1]
+	}
 	for b := range len(tokens) / blockSize {
 		parent = chainHash(parent, b*blockSize, blockSize, func(i int) uint32 { return tokens[i] })
 		hashes = append(hashes, parent)
@@ -207,12 +219,15 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 		return errors.New("prompt is empty")
 	case r.MaxTokens < 1 || len(r.Output) == 0:
 		return errors.New("request must generate at least one token")
+	case len(r.PromptHashes) > len(r.Prompt)/e.profile.BlockSize:
+		return errors.New("more prompt hashes than the prompt has full blocks")
 	case len(r.Prompt)+r.outputLen() > e.profile.MaxModelLen:
 		return fmt.Errorf("this model's maximum context length is %d tokens, and the request has %d input tokens and asks for %d output tokens",
 			e.profile.MaxModelLen, len(r.Prompt), r.outputLen())
 	}
 	r.Arrival = now
 	r.state = stateWaiting
+	r.blockHashes = slices.Clip(r.PromptHashes)
 	e.waiting = append(e.waiting, r)
 	return nil
 }

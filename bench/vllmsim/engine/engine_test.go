@@ -258,6 +258,29 @@ func TestAbortFreesBlocks(t *testing.T) {
 	}
 }
 
+// A caller that gives a prompt's leading block hashes, as a conversation's next turn can,
+// gets the hit and the cached blocks it would get without them.
+func TestPromptHashesGivenAreThoseTheEngineWouldCompute(t *testing.T) {
+	given, computed := newEngine(t, smallProfile(16, 100)), newEngine(t, smallProfile(16, 100))
+	turn1 := request(seq(1, 50), 20)
+	var now time.Duration
+	for _, e := range []*Engine{given, computed} {
+		now = serve(t, e, request(turn1.Prompt, 20), 0)
+	}
+	prompt := concat(turn1.Prompt, turn1.Output, seq(7000, 30))
+	withHashes := request(prompt, 2)
+	withHashes.PromptHashes = BlockHashes(turn1.Prompt, 16) // the 3 full blocks of turn 1
+	without := request(prompt, 2)
+	serve(t, given, withHashes, now)
+	serve(t, computed, without, now)
+	if withHashes.CachedTokens != 64 || without.CachedTokens != 64 {
+		t.Fatalf("second turn hit %d tokens with its first hashes given, %d without; want 64", withHashes.CachedTokens, without.CachedTokens)
+	}
+	if !slices.Equal(withHashes.blockHashes, without.blockHashes) || given.pool.cached.len() != computed.pool.cached.len() {
+		t.Fatal("the engines hashed or cached different blocks")
+	}
+}
+
 func TestAddRejectsRequestsThatCannotRun(t *testing.T) {
 	e := newEngine(t, smallProfile(16, 10))
 	for name, r := range map[string]*Request{
@@ -266,6 +289,8 @@ func TestAddRejectsRequestsThatCannotRun(t *testing.T) {
 		"too long":      request(seq(1, 150), 20),
 		"zero max":      {Prompt: seq(1, 4), MaxTokens: 0, Output: seq(1, 4)},
 		"added already": func() *Request { r := request(seq(1, 4), 1); _ = e.Add(r, 0); return r }(),
+		"hashes past the full blocks": {Prompt: seq(1, 20), MaxTokens: 1, Output: seq(1, 1),
+			PromptHashes: BlockHashes(seq(1, 32), 16)},
 	} {
 		if err := e.Add(r, 0); err == nil {
 			t.Errorf("%s: Add accepted it", name)
