@@ -48,7 +48,7 @@ type blockPool struct {
 	hashes   []uint64 // content hash of each block; 0 when it caches nothing
 	free     blockList
 	numFree  int
-	cached   map[uint64]int32
+	cached   blockIndex
 	kvEvents *[]KVEvent // changes of cached, logged in order; nil when nobody asked
 }
 
@@ -57,7 +57,7 @@ func newBlockPool(numBlocks int) *blockPool {
 		refs:   make([]int32, numBlocks),
 		hashes: make([]uint64, numBlocks),
 		free:   newBlockList(numBlocks),
-		cached: make(map[uint64]int32, numBlocks),
+		cached: newBlockIndex(numBlocks),
 	}
 	for b := range numBlocks {
 		p.pushFree(int32(b))
@@ -82,7 +82,7 @@ func (p *blockPool) allocate() int32 {
 	b := p.free.head
 	p.unlinkFree(b)
 	if h := p.hashes[b]; h != 0 {
-		delete(p.cached, h)
+		p.cached.remove(h)
 		p.hashes[b] = 0
 		if p.kvEvents != nil {
 			*p.kvEvents = append(*p.kvEvents, KVEvent{Kind: BlockRemoved, BlockHashes: []uint64{h}})
@@ -111,16 +111,14 @@ func (p *blockPool) release(b int32) {
 // cache records that block b holds the content with hash h and reports whether it did. If
 // another block already holds it, b stays uncached: one copy is enough to serve hits.
 func (p *blockPool) cache(b int32, h uint64) bool {
-	if _, dup := p.cached[h]; dup {
+	if !p.cached.add(h, b) {
 		return false
 	}
-	p.cached[h] = b
 	p.hashes[b] = h
 	return true
 }
 
 // lookup returns the cached block holding hash h.
 func (p *blockPool) lookup(h uint64) (int32, bool) {
-	b, ok := p.cached[h]
-	return b, ok
+	return p.cached.get(h)
 }

@@ -504,8 +504,8 @@ func TestKVEventsReplayToBothTiers(t *testing.T) {
 	if hostRemovals == 0 || e.Stats().ExternalPrefixCacheHits == 0 {
 		t.Fatal("the host tier never evicted or never served a hit: the test covers too little")
 	}
-	if len(gpu) != len(e.pool.cached) {
-		t.Fatalf("GPU events say %d cached blocks, the engine has %d", len(gpu), len(e.pool.cached))
+	if len(gpu) != e.pool.cached.len() {
+		t.Fatalf("GPU events say %d cached blocks, the engine has %d", len(gpu), e.pool.cached.len())
 	}
 	ready := 0
 	for h, s := range e.host.slots {
