@@ -22,11 +22,11 @@ import (
 // the next turn's prompt after the previous prompt, as long as the reply's
 // token count, so replies need not be captured.
 type boundRecorder struct {
-	header string
-
-	mu        sync.Mutex
+	header    string
 	blockSize int
-	bound     *hitbound.Bound
+
+	mu    sync.Mutex
+	bound *hitbound.Bound
 	last  map[string]*turnTokens // by session, until its last turn ends
 	from  time.Time              // requests arriving before are not counted
 	// counts are the measured hits and prompt tokens by the model the
@@ -38,7 +38,7 @@ type boundCount struct{ hits, prompted int }
 
 type turnTokens struct {
 	prompt []uint32
-	hashes []uint64 // the prompt's full blocks'
+	hashes []uint64 // of the prompt's full blocks
 	output int      // reply tokens, once the turn ended
 }
 
