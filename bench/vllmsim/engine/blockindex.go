@@ -2,12 +2,13 @@ package engine
 
 import "math/bits"
 
-// blockIndex maps the content hash of each cached block to the block, as vLLM's
-// cached_block_hash_to_block does. Every request's prefix lookup, every cached block and
-// every eviction goes through it, so it is an open-addressing table with linear probing
-// rather than a Go map: the hashes are already mixed and never 0, so a hash's top bits are
-// its slot and 0 marks an empty one. It has room for twice the pool's blocks, which keeps
-// probes short; a pool caches at most one hash per block.
+// blockIndex maps a KV block's content hash to where it is held: the GPU block caching it,
+// as vLLM's cached_block_hash_to_block does, or the host tier's slot storing it. Every
+// prefix lookup, every cached or stored block and every eviction goes through it, so it is
+// an open-addressing table with linear probing rather than a Go map: the hashes are already
+// mixed and never 0, so a hash's top bits are its slot and 0 marks an empty one. It has room
+// for twice the blocks it may hold, one hash per GPU block or host slot, which keeps probes
+// short.
 type blockIndex struct {
 	hashes []uint64
 	blocks []int32
@@ -16,7 +17,7 @@ type blockIndex struct {
 }
 
 func newBlockIndex(numBlocks int) blockIndex {
-	size := 1 << bits.Len(uint(2*numBlocks))
+	size := 1 << bits.Len(uint(2*numBlocks)) // above twice numBlocks
 	return blockIndex{
 		hashes: make([]uint64, size),
 		blocks: make([]int32, size),
@@ -28,7 +29,7 @@ func (x *blockIndex) home(h uint64) int { return int(h >> x.shift) }
 
 func (x *blockIndex) next(i int) int { return (i + 1) & (len(x.hashes) - 1) }
 
-// get returns the block cached under h.
+// get returns where h is held.
 func (x *blockIndex) get(h uint64) (int32, bool) {
 	for i := x.home(h); ; i = x.next(i) {
 		switch x.hashes[i] {
@@ -40,7 +41,7 @@ func (x *blockIndex) get(h uint64) (int32, bool) {
 	}
 }
 
-// add caches b under h unless another block is cached under h, and reports whether it did.
+// add maps h to b unless h is mapped already, and reports whether it did.
 func (x *blockIndex) add(h uint64, b int32) bool {
 	i := x.home(h)
 	for ; x.hashes[i] != 0; i = x.next(i) {
@@ -79,5 +80,5 @@ func between(i, k, j int) bool {
 	return i < k || k <= j
 }
 
-// len is how many hashes are cached.
+// len is how many hashes are held.
 func (x *blockIndex) len() int { return x.n }

@@ -7,12 +7,12 @@ import "time"
 // block by hash, kept in least-recently-used order (head evicted first). A slot is ready once
 // its store has completed; a ready slot that loads are reading is protected from eviction.
 type hostPool struct {
-	hashes   []uint64  // block hash in each slot; 0 when free
-	loads    []int32   // loads in flight reading each slot
-	ready    []bool    // the slot's store has completed: lookups may hit it
-	lru      blockList // used slots, least recently used first
-	free     []int32   // unused slots
-	slots    map[uint64]int32
+	hashes   []uint64   // block hash in each slot; 0 when free
+	loads    []int32    // loads in flight reading each slot
+	ready    []bool     // the slot's store has completed: lookups may hit it
+	lru      blockList  // used slots, least recently used first
+	free     []int32    // unused slots
+	slots    blockIndex // the slot storing each block, by hash
 	kvEvents *[]KVEvent // changes, logged in order; nil when nobody asked
 	// linkFree is when the host-to-GPU link finishes the loads already queued on it.
 	linkFree time.Duration
@@ -25,7 +25,7 @@ func newHostPool(numSlots int) *hostPool {
 		ready:  make([]bool, numSlots),
 		lru:    newBlockList(numSlots),
 		free:   make([]int32, numSlots),
-		slots:  make(map[uint64]int32, numSlots),
+		slots:  newBlockIndex(numSlots),
 	}
 	for i := range p.free {
 		p.free[i] = int32(numSlots - 1 - i) // slot 0 is taken first
@@ -39,7 +39,7 @@ func (p *hostPool) slot(h uint64, hint *int32) (int32, bool) {
 	if s := *hint; s >= 0 && p.hashes[s] == h {
 		return s, true
 	}
-	s, ok := p.slots[h]
+	s, ok := p.slots.get(h)
 	if ok {
 		*hint = s
 	}
@@ -83,7 +83,7 @@ func (p *hostPool) touch(hashes []uint64, hints []int32) {
 // request's store for this step ("cannot store") and retries it on the next.
 func (p *hostPool) prepareStore(hashes []uint64) (toStore []uint64, ok bool) {
 	for _, h := range hashes {
-		if _, stored := p.slots[h]; !stored {
+		if _, stored := p.slots.get(h); !stored {
 			toStore = append(toStore, h)
 		}
 	}
@@ -101,7 +101,7 @@ func (p *hostPool) prepareStore(hashes []uint64) (toStore []uint64, ok bool) {
 		for i, s := range evict {
 			removed[i] = p.hashes[s]
 			p.lru.unlink(s)
-			delete(p.slots, p.hashes[s])
+			p.slots.remove(p.hashes[s])
 			p.hashes[s] = 0
 			p.ready[s] = false
 			p.free = append(p.free, s)
@@ -112,7 +112,7 @@ func (p *hostPool) prepareStore(hashes []uint64) (toStore []uint64, ok bool) {
 		s := p.free[len(p.free)-1]
 		p.free = p.free[:len(p.free)-1]
 		p.hashes[s] = h
-		p.slots[h] = s
+		p.slots.add(h, s)
 		p.lru.pushBack(s)
 	}
 	return toStore, true
@@ -124,7 +124,8 @@ func (p *hostPool) completeStore(hashes []uint64) {
 		return
 	}
 	for _, h := range hashes {
-		p.ready[p.slots[h]] = true
+		s, _ := p.slots.get(h)
+		p.ready[s] = true
 	}
 	p.log(KVEvent{Kind: BlockStored, Medium: MediumCPU, BlockHashes: append([]uint64(nil), hashes...)})
 }
@@ -139,7 +140,7 @@ func (p *hostPool) addLoads(hashes []uint64, hints []int32, delta int32) {
 }
 
 // used is the number of slots holding a block.
-func (p *hostPool) used() int { return len(p.slots) }
+func (p *hostPool) used() int { return p.slots.len() }
 
 func (p *hostPool) log(ev KVEvent) {
 	if p.kvEvents != nil {

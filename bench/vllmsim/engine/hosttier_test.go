@@ -508,8 +508,8 @@ func TestKVEventsReplayToBothTiers(t *testing.T) {
 		t.Fatalf("GPU events say %d cached blocks, the engine has %d", len(gpu), e.pool.cached.len())
 	}
 	ready := 0
-	for h, s := range e.host.slots {
-		if e.host.ready[s] {
+	for s, h := range e.host.hashes {
+		if h != 0 && e.host.ready[s] {
 			ready++
 			if !host[h] {
 				t.Fatalf("host block %x is stored but no event says so", h)
