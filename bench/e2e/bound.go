@@ -100,9 +100,9 @@ func (b *boundRecorder) arrive(session, model string, prompt []uint32) {
 	if prev := b.last[session]; prev != nil {
 		after = prev.hashes
 		if end := len(prev.prompt) + prev.output; prev.output > 1 && len(prompt) >= end {
-			// The previous turn computed its prompt and its reply but the last token.
-			computed := engine.BlockHashes(prompt[:end-1], b.blockSize)
-			b.bound.Finish(computed[len(prev.hashes):])
+			// The previous turn computed its prompt and its reply but the last token,
+			// whose full blocks lead this prompt's.
+			b.bound.Finish(hashes[len(prev.hashes) : (end-1)/b.blockSize])
 		}
 	}
 	hit := b.bound.Arrive(hashes, len(prompt), after)
