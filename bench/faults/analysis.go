@@ -44,6 +44,14 @@ func (r request) failed() bool { return !r.ok && !r.cut }
 // where the request went.
 func (r request) spilled() bool { return r.outcome == "spilled" }
 
+// byLoad reports whether warden routed r by load alone while affinity was
+// off (one of the spans). A request sent as affinity goes off or on may be
+// routed by either setting, and one routed by the pin counts like any
+// other: a spill then moves the pin.
+func (r request) byLoad(affinityOff []window) bool {
+	return r.outcome == "unpinned" && slices.ContainsFunc(affinityOff, func(x window) bool { return x.overlaps(r.start, r.end) })
+}
+
 // streaming reports whether the response had started: such a request cannot
 // be retried by the proxy once its replica dies.
 func (r request) streaming() bool { return r.status == 200 && r.engine != "" }
@@ -62,6 +70,21 @@ type window struct{ from, to time.Time }
 func (w window) contains(t time.Time) bool { return !t.Before(w.from) && t.Before(w.to) }
 
 func (w window) overlaps(from, to time.Time) bool { return from.Before(w.to) && to.After(w.from) }
+
+// describe lists the spans that overlap w, relative to its start, between
+// prefix and suffix; "" when none does.
+func (w window) describe(prefix string, spans []window, suffix string) string {
+	var out []string
+	for _, s := range spans {
+		if w.overlaps(s.from, s.to) {
+			out = append(out, fmt.Sprintf("%v-%v", s.from.Sub(w.from).Round(time.Millisecond), s.to.Sub(w.from).Round(time.Millisecond)))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return prefix + " " + strings.Join(out, ", ") + suffix
+}
 
 // traffic counts the requests that ended in a window.
 type traffic struct {
@@ -125,8 +148,8 @@ type restart struct {
 // pinRules say which moves of a conversation are expected.
 type pinRules struct {
 	fault pinFault
-	// exempt are the spans during which affinity was off.
-	exempt []window
+	// affinityOff are the spans during which affinity was off.
+	affinityOff []window
 	// restarts are the replicas restarted so far, in any phase: a
 	// conversation that had not come back since its replica restarted
 	// lost its cache there, and its next turn may move it (rehomed).
@@ -145,9 +168,9 @@ func (p pinRules) restartedSince(server string, from, to time.Time) bool {
 // (or its first in the window). In the window, a request served elsewhere
 // is a lost pin, unless it is the conversation's first move, off a faulted
 // server by a request in flight during the fault, or off a server that
-// restarted since the conversation's last turn there. Requests overlapping
-// an exempt window (affinity off) are skipped: routing by load is their
-// purpose. A spilled request moves the pin: warden chose to.
+// restarted since the conversation's last turn there. Requests routed by
+// load while affinity was off are skipped: that is their purpose. A spilled
+// request moves the pin: warden chose to.
 func followPins(reqs []request, w window, rules pinRules) pins {
 	byConv := map[string][]request{}
 	for _, r := range reqs {
@@ -161,15 +184,19 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 		pin, checked, lost, moved := "", false, false, false
 		var onPin time.Time // when the last turn on pin ended
 		var path []string
+		var lostAt string // the request that lost the pin first
+		step := func(r request) string {
+			s := fmt.Sprintf("%s@%v", r.server(), r.start.Sub(w.from).Round(time.Millisecond))
+			if r.outcome != "" && r.outcome != "sticky" {
+				s += "(" + r.outcome + ")"
+			}
+			return s
+		}
 		for i, r := range convReqs {
 			if i == 0 || r.server() != convReqs[i-1].server() {
-				step := fmt.Sprintf("%s@%v", r.server(), r.start.Sub(w.from).Round(time.Millisecond))
-				if r.outcome != "" && r.outcome != "sticky" {
-					step += "(" + r.outcome + ")"
-				}
-				path = append(path, step)
+				path = append(path, step(r))
 			}
-			if slices.ContainsFunc(rules.exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+			if r.byLoad(rules.affinityOff) {
 				continue
 			}
 			server := r.server()
@@ -185,6 +212,9 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 				!moved && rules.restartedSince(pin, onPin, r.end):
 				moved, pin = true, server
 			default:
+				if !lost {
+					lostAt = fmt.Sprintf("%s-%v", step(r), r.end.Sub(w.from).Round(time.Millisecond))
+				}
 				lost, pin = true, server
 			}
 			onPin = r.end
@@ -194,7 +224,8 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 		}
 		if lost {
 			p.lost++
-			p.lostPaths = append(p.lostPaths, convReqs[0].conv+" "+strings.Join(path, " "))
+			p.lostPaths = append(p.lostPaths, fmt.Sprintf("%s %s; first lost by %s%s",
+				convReqs[0].conv, strings.Join(path, " "), lostAt, w.describe(" (affinity off", rules.affinityOff, ")")))
 		}
 		if moved && !lost {
 			p.moved++
@@ -204,11 +235,11 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 }
 
 // pinnedAt lists the conversations of an origin whose last success before t
-// (outside the exempt windows) was served by server.
-func pinnedAt(reqs []request, t time.Time, server string, o origin, exempt []window) []string {
+// (not routed by load while affinity was off) was served by server.
+func pinnedAt(reqs []request, t time.Time, server string, o origin, affinityOff []window) []string {
 	last := map[string]request{}
 	for _, r := range reqs {
-		if slices.ContainsFunc(exempt, func(x window) bool { return x.overlaps(r.start, r.end) }) {
+		if r.byLoad(affinityOff) {
 			continue
 		}
 		if r.ok && r.origin == o && r.end.Before(t) && r.start.After(last[r.conv].start) {

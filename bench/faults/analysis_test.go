@@ -20,11 +20,11 @@ func TestFollowPins(t *testing.T) {
 	phase := window{at(10), at(100)}
 	kill := pinFault{server: "r1", during: window{at(20), at(40)}}
 	cases := []struct {
-		name   string
-		reqs   []request
-		fault  pinFault
-		exempt []window
-		want   pins
+		name        string
+		reqs        []request
+		fault       pinFault
+		affinityOff []window
+		want        pins
 	}{
 		{"stays", []request{served("a", 0, 5, "r0/0"), served("a", 11, 12, "r0/0"), served("a", 50, 51, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
 		{"placed in the phase, then stays", []request{served("a", 11, 12, "r2/0"), served("a", 13, 14, "r2/0")}, pinFault{}, nil, pins{checked: 1}},
@@ -35,16 +35,31 @@ func TestFollowPins(t *testing.T) {
 		{"sent just before it failed, retried elsewhere after", []request{served("a", 0, 5, "r1/0"), served("a", 19, 21, "r0/0")}, kill, nil, pins{checked: 1, moved: 1}},
 		{"moves back after it recovered", []request{served("a", 0, 5, "r1/0"), served("a", 25, 26, "r0/0"), served("a", 60, 61, "r1/0")}, kill, nil, pins{checked: 1, lost: 1}},
 		{"moves off another replica during the fault", []request{served("a", 0, 5, "r0/0"), served("a", 25, 26, "r2/0")}, kill, nil, pins{checked: 1, lost: 1}},
-		{"served elsewhere while affinity is off", []request{served("a", 0, 5, "r0/0"), served("a", 15, 16, "r2/0"), served("a", 30, 31, "r0/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1}},
+		{"served elsewhere while affinity is off", []request{served("a", 0, 5, "r0/0"), unpinned(served("a", 15, 16, "r2/0")), served("a", 30, 31, "r0/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1}},
+		{"routed by load after affinity came back", []request{served("a", 0, 5, "r0/0"), unpinned(served("a", 21, 22, "r2/0")), served("a", 30, 31, "r0/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1, lost: 1}},
+		{"spilled as affinity came back", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 19, 21, "r2/0")), served("a", 30, 31, "r2/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1}},
+		{"placed elsewhere while affinity was going off", []request{served("a", 0, 5, "r0/0"), served("a", 13, 15, "r2/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1, lost: 1}},
 		{"a spill moves the pin", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r2/0")}, pinFault{}, nil, pins{checked: 1}},
 		{"back off the spill's replica without cause", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1, lost: 1}},
 		{"failures and cut requests do not count", []request{served("a", 0, 5, "r0/0"), {conv: "a", start: at(11), end: at(12), engine: "r2/0", status: 502}, served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
 	}
 	for _, c := range cases {
-		got := followPins(c.reqs, phase, pinRules{fault: c.fault, exempt: c.exempt})
+		got := followPins(c.reqs, phase, pinRules{fault: c.fault, affinityOff: c.affinityOff})
 		if got.checked != c.want.checked || got.lost != c.want.lost || got.moved != c.want.moved || len(got.lostPaths) != got.lost {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
+	}
+}
+
+// A lost pin's path names the request that lost it, with the spans of
+// affinity off, so that a failure can be told from a window too tight.
+func TestLostPathNamesTheRequestThatLostThePin(t *testing.T) {
+	phase := window{at(10), at(100)}
+	reqs := []request{served("a", 0, 5, "r0/0"), unpinned(served("a", 15, 16, "r2/0")), unpinned(served("a", 21, 22, "r2/0")), served("a", 30, 31, "r0/0")}
+	got := followPins(reqs, phase, pinRules{affinityOff: []window{{at(14), at(20)}}})
+	want := "a r0@-1s r2@500ms(unpinned) r0@2s; first lost by r2@1.1s(unpinned)-1.2s (affinity off 400ms-1s)"
+	if got.lost != 1 || got.lostPaths[0] != want {
+		t.Errorf("got %+v, want the path %q", got, want)
 	}
 }
 
@@ -68,6 +83,12 @@ func TestFollowPinsAfterARestart(t *testing.T) {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
 	}
+}
+
+// unpinned marks r as a request warden routed by load (affinity off).
+func unpinned(r request) request {
+	r.outcome = "unpinned"
+	return r
 }
 
 // spilled marks r as a request warden spilled off its conversation's pin.
@@ -102,8 +123,8 @@ func TestCountTraffic(t *testing.T) {
 
 func TestPinnedAtAndFirstRequestsAfter(t *testing.T) {
 	reqs := []request{
-		served("a", 0, 5, "r0/0"), served("a", 6, 8, "r1/0"), // last success before 10: r1
-		served("b", 0, 5, "r1/0"), served("b", 6, 8, "r0/0"),
+		served("a", 0, 5, "r0/0"), unpinned(served("a", 6, 8, "r1/0")), // last success before 10: r1
+		served("b", 0, 5, "r1/0"), unpinned(served("b", 6, 8, "r0/0")),
 		served("c", 0, 5, "r1/0"), served("c", 9, 11, "r1/0"), // ended after 10: r1 still, from the first
 		served("a", 12, 14, "r2/0"), served("a", 11, 13, "r0/0"),
 	}
@@ -111,8 +132,8 @@ func TestPinnedAtAndFirstRequestsAfter(t *testing.T) {
 	if strings.Join(got, ",") != "a,c" {
 		t.Errorf("pinned to r1 at 10: %v, want a,c", got)
 	}
-	// With affinity off from 6 to 8, a's request on r1 and b's on r0 say
-	// nothing: a's pin is still r0, b's r1.
+	// With affinity off from 6 to 8, a's request on r1 and b's on r0,
+	// routed by load, say nothing: a's pin is still r0, b's r1.
 	if got := pinnedAt(reqs, at(10), "r1", fromProbe, []window{{at(6), at(8)}}); strings.Join(got, ",") != "b,c" {
 		t.Errorf("pinned to r1 at 10, affinity off from 6 to 8: %v, want b,c", got)
 	}

@@ -223,7 +223,7 @@ type harness struct {
 
 // pinRules are the expected moves of the phase whose fault is given.
 func (h *harness) pinRules(fault pinFault) pinRules {
-	return pinRules{fault: fault, exempt: h.affinityOff, restarts: h.restarts}
+	return pinRules{fault: fault, affinityOff: h.affinityOff, restarts: h.restarts}
 }
 
 func start(ctx context.Context, o Options) (*harness, error) {
