@@ -39,10 +39,11 @@ type request struct {
 
 func (r request) failed() bool { return !r.ok && !r.cut }
 
-// spilled reports whether warden moved the request's conversation off its
-// pin for load, where its turn started sooner: the conversation's pin is
-// where the request went.
-func (r request) spilled() bool { return r.outcome == "spilled" }
+// movedByCost reports whether warden moved the request's conversation off its
+// pin because another replica would start its turn sooner (spilled, or
+// rehomed where the pin had likely evicted its cache): the conversation's
+// pin is where the request went.
+func (r request) movedByCost() bool { return r.outcome == "spilled" || r.outcome == "rehomed" }
 
 // byLoad reports whether warden routed r by load alone while affinity was
 // off (one of the spans). A request sent as affinity goes off or on may be
@@ -169,8 +170,9 @@ func (p pinRules) restartedSince(server string, from, to time.Time) bool {
 // is a lost pin, unless it is the conversation's first move, off a faulted
 // server by a request in flight during the fault, or off a server that
 // restarted since the conversation's last turn there. Requests routed by
-// load while affinity was off are skipped: that is their purpose. A spilled
-// request moves the pin: warden chose to.
+// load while affinity was off are skipped: that is their purpose. A turn
+// warden moved for its cost (spilled, rehomed) moves the pin: warden chose
+// to.
 func followPins(reqs []request, w window, rules pinRules) pins {
 	byConv := map[string][]request{}
 	for _, r := range reqs {
@@ -200,7 +202,7 @@ func followPins(reqs []request, w window, rules pinRules) pins {
 				continue
 			}
 			server := r.server()
-			if !w.contains(r.start) || pin == "" || r.spilled() {
+			if !w.contains(r.start) || pin == "" || r.movedByCost() {
 				pin, onPin = server, r.end
 				continue
 			}

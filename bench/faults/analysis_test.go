@@ -40,6 +40,7 @@ func TestFollowPins(t *testing.T) {
 		{"spilled as affinity came back", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 19, 21, "r2/0")), served("a", 30, 31, "r2/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1}},
 		{"placed elsewhere while affinity was going off", []request{served("a", 0, 5, "r0/0"), served("a", 13, 15, "r2/0")}, pinFault{}, []window{{at(14), at(20)}}, pins{checked: 1, lost: 1}},
 		{"a spill moves the pin", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r2/0")}, pinFault{}, nil, pins{checked: 1}},
+		{"a re-homing moves the pin", []request{served("a", 0, 5, "r0/0"), outcome(served("a", 11, 12, "r2/0"), "rehomed"), served("a", 13, 14, "r2/0")}, pinFault{}, nil, pins{checked: 1}},
 		{"back off the spill's replica without cause", []request{served("a", 0, 5, "r0/0"), spilled(served("a", 11, 12, "r2/0")), served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1, lost: 1}},
 		{"failures and cut requests do not count", []request{served("a", 0, 5, "r0/0"), {conv: "a", start: at(11), end: at(12), engine: "r2/0", status: 502}, served("a", 13, 14, "r0/0")}, pinFault{}, nil, pins{checked: 1}},
 	}
@@ -85,17 +86,17 @@ func TestFollowPinsAfterARestart(t *testing.T) {
 	}
 }
 
-// unpinned marks r as a request warden routed by load (affinity off).
-func unpinned(r request) request {
-	r.outcome = "unpinned"
+// outcome marks r as routed by warden with that outcome.
+func outcome(r request, o string) request {
+	r.outcome = o
 	return r
 }
 
+// unpinned marks r as a request warden routed by load (affinity off).
+func unpinned(r request) request { return outcome(r, "unpinned") }
+
 // spilled marks r as a request warden spilled off its conversation's pin.
-func spilled(r request) request {
-	r.outcome = "spilled"
-	return r
-}
+func spilled(r request) request { return outcome(r, "spilled") }
 
 func TestCountTraffic(t *testing.T) {
 	reqs := []request{

@@ -260,7 +260,7 @@ func servedThrough(reqs []request, instance string, t time.Time) []string {
 // returned checks, for each of convs with a home, its successes started at
 // or after t (through instance, if not empty), in order: checked counts
 // those with any, back those whose every such success was on the home
-// server, or on the server a spill (warden's choice) moved it to.
+// server, or on the server a spill or a re-homing (warden's choice) moved it to.
 func returned(reqs []request, convs []string, homes map[string]string, t time.Time, instance string) (back, checked int) {
 	for _, conv := range convs {
 		home, ok := homes[conv]
@@ -276,7 +276,7 @@ func returned(reqs []request, convs []string, homes map[string]string, t time.Ti
 		slices.SortFunc(after, func(a, b request) int { return a.start.Compare(b.start) })
 		seen, all := len(after) > 0, true
 		for _, r := range after {
-			if r.spilled() {
+			if r.movedByCost() {
 				home = r.server()
 			}
 			all = all && r.server() == home
@@ -292,7 +292,7 @@ func returned(reqs []request, convs []string, homes map[string]string, t time.Ti
 }
 
 // movedAfter shows, for each of convs whose successes from t on were not
-// all on its home (spills aside), the servers they went to and when,
+// all on its home (moves for cost aside), the servers they went to and when,
 // relative to t, with warden's outcome where it was not sticky.
 func movedAfter(reqs []request, convs []string, homes map[string]string, t time.Time) []string {
 	var out []string
@@ -303,7 +303,7 @@ func movedAfter(reqs []request, convs []string, homes map[string]string, t time.
 				after = append(after, r)
 			}
 		}
-		if !slices.ContainsFunc(after, func(r request) bool { return !r.spilled() && r.server() != homes[conv] }) {
+		if !slices.ContainsFunc(after, func(r request) bool { return !r.movedByCost() && r.server() != homes[conv] }) {
 			continue
 		}
 		slices.SortFunc(after, func(a, b request) int { return a.start.Compare(b.start) })
