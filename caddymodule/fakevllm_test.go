@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -60,6 +61,10 @@ const (
 type seenRequest struct {
 	session string
 	rank    string // X-data-parallel-rank as received
+	apiKey  string // X-Api-Key as received
+	// oneToken: the body asked for one token and no stream, as a refresh
+	// does.
+	oneToken bool
 }
 
 // holdHeader asks the fake to keep the stream open that long before its
@@ -149,7 +154,13 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 		session = conv // the test's own name for a conversation whatever the client sends
 	}
 	f.mu.Lock()
-	f.seen = append(f.seen, seenRequest{session: session, rank: rankHeader})
+	var asked struct {
+		MaxTokens int   `json:"max_tokens"`
+		Stream    *bool `json:"stream"`
+	}
+	_ = json.Unmarshal(body, &asked)
+	f.seen = append(f.seen, seenRequest{session: session, rank: rankHeader, apiKey: r.Header.Get("X-Api-Key"),
+		oneToken: asked.MaxTokens == 1 && asked.Stream != nil && !*asked.Stream})
 	held := fmt.Sprintf("%d/%s", engine, session)
 	cached := min(len(body), f.lastPrompt[held])
 	f.tokens[engine].prompt += len(body)

@@ -245,8 +245,13 @@ func (f *fleet) turn(t *testing.T, session string, header ...string) string {
 }
 
 func (f *fleet) send(ctx context.Context, session string, header ...string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.site+"/v1/messages?beta=true",
-		strings.NewReader(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	return f.sendSaying(ctx, session, "hi", header...)
+}
+
+// sendSaying is send with content as the user's message.
+func (f *fleet) sendSaying(ctx context.Context, session, content string, header ...string) (*http.Response, error) {
+	body := fmt.Sprintf(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":%q}]}`, content)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.site+"/v1/messages?beta=true", strings.NewReader(body))
 	if err != nil {
 		return nil, err
 	}

@@ -67,9 +67,13 @@ func (p *Policy) admit(view *selection.View, r *http.Request, w http.ResponseWri
 		waited := p.clock.Now().Sub(start).Seconds()
 		caddyhttp.SetVar(ctx, varQueued, waited)
 		metrics.ObserveWait(p.Model, waited)
+		if sent {
+			p.keepPrompt(view, r, held, req.Flow)
+		}
 		return sent
 	}
 	caddyhttp.SetVar(ctx, varQueued, 0.0)
+	p.keepPrompt(view, r, held, req.Flow)
 	return true
 }
 

@@ -570,3 +570,74 @@ func seenInOrder(b *fakeVLLM) []string {
 	}
 	return out
 }
+
+// A person's conversation that load control keeps beside a farm has its
+// cache refreshed while it is idle: its last request goes again to its
+// replica, for one token and no stream, with the person's credential. The
+// farm's conversations get no refresh.
+func TestLoadControlRefreshesAPersonsKeptConversation(t *testing.T) {
+	backends := []*fakeVLLM{startFakeVLLM(t, "a", 1), startFakeVLLM(t, "b", 1)}
+	f := startFleetWith(t, loadControlSetup(map[string]any{"capacity_tokens": 120, "linger": "1s", "max_wait": "1m"}), backends...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Two farm turns of 400 bytes (100 tokens by the default 4 bytes per
+	// token) hold both replicas; the person's turn lacks room and waits
+	// until one of them ends.
+	large := strings.Repeat("x", 400)
+	farm := func(ctx context.Context, conv string) <-chan answer {
+		out := make(chan answer, 1)
+		go func() {
+			resp, err := f.sendSaying(ctx, conv, large, "X-Api-Key", "key-farm", holdHeader, "1m", stopReasonHeader, "tool_use")
+			if err != nil {
+				out <- answer{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			_, err = io.Copy(io.Discard, resp.Body)
+			out <- answer{status: resp.StatusCode, err: err}
+		}()
+		return out
+	}
+	farm1 := farm(ctx, "farm-1")
+	testrun.Eventually(t, 10*time.Second, "farm-1 resident", func() bool { return residents(f.status(t)) == 1 })
+	ctx2, end2 := context.WithCancel(ctx)
+	farm2 := farm(ctx2, "farm-2")
+	testrun.Eventually(t, 10*time.Second, "farm-2 resident", func() bool { return residents(f.status(t)) == 2 })
+	person := sendAsync(context.Background(), f, "person", "X-Api-Key", "key-person", stopReasonHeader, "end_turn")
+	waitingIs(t, f, 1)
+	end2()
+	<-farm2
+	got := <-person
+	if got.err != nil || got.status != http.StatusOK {
+		t.Fatalf("the person's turn: %+v", got)
+	}
+
+	refreshes := func(b *fakeVLLM, apiKey string) int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		n := 0
+		for _, s := range b.seen {
+			if s.oneToken && s.apiKey == apiKey {
+				n++
+			}
+		}
+		return n
+	}
+	home := backends[0]
+	if got.backend == "b/0" {
+		home = backends[1]
+	}
+	testrun.Eventually(t, 10*time.Second, "two refreshes of the person's conversation on its replica", func() bool {
+		return refreshes(home, "key-person") >= 2
+	})
+	for _, b := range backends {
+		if n := refreshes(b, "key-farm"); n > 0 {
+			t.Errorf("%s: %d refreshes of the farm's conversations, want none", b.name, n)
+		}
+		if n := refreshes(b, "key-person"); b != home && n > 0 {
+			t.Errorf("%s: %d refreshes of the person's conversation away from its replica", b.name, n)
+		}
+	}
+	cancel()
+	<-farm1
+}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lmwarden/caddy-warden/inflight"
+	"github.com/lmwarden/caddy-warden/livemodel"
 	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
@@ -26,7 +27,7 @@ func init() {
 // Request headers the policy reads or sets.
 const (
 	// RankHeader is vLLM's per-request choice of data-parallel engine.
-	RankHeader = "X-data-parallel-rank"
+	RankHeader = selection.RankHeader
 	// ReplicaHeader lets a client choose a replica by ID (client_pinning on).
 	ReplicaHeader = "X-Warden-Replica"
 	// rankKey is RankHeader as net/http stores it: reading or deleting it by
@@ -57,6 +58,7 @@ type Policy struct {
 
 	cfg    *ModelConfig
 	view   *selection.View
+	live   *livemodel.Model // keeps prompts for refreshes (refresh.go)
 	clock  clock
 	logger *zap.Logger
 	warned *sync.Map // replica addresses reported as missing from the pool
@@ -102,7 +104,7 @@ func (p *Policy) Provision(ctx caddy.Context) error {
 	if err := checkRepliesRead(ctx, p.Model, l.cfg); err != nil {
 		return err
 	}
-	p.cfg, p.view = l.cfg, l.live.Plan().View()
+	p.cfg, p.view, p.live = l.cfg, l.live.Plan().View(), l.live.Model()
 	return nil
 }
 

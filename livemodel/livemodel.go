@@ -45,6 +45,8 @@ type Model struct {
 	cancel context.CancelFunc  // stops the poller and sweeper; nil when not running
 	done   chan struct{}
 	sync   *storeSync // the applied load's pin store exchanging with the others
+
+	refresh refresher
 }
 
 // Spec is what one config says of the model.
@@ -249,12 +251,18 @@ func (m *Model) run(ctx context.Context, done chan struct{}) {
 	wg.Go(func() { _ = m.poller.Run(ctx) })
 	tick := time.NewTicker(fleet.SweepInterval)
 	defer tick.Stop()
+	refresh := time.NewTimer(m.refreshInterval())
+	defer refresh.Stop()
 	lastPins := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			wg.Wait()
+			m.refresh.inFlight.Wait()
 			return
+		case now := <-refresh.C:
+			m.refreshKept(ctx, now)
+			refresh.Reset(m.refreshInterval())
 		case now := <-tick.C:
 			m.fleet.Tick(now)
 			if l := m.Applied(); l != nil && now.Sub(lastPins) >= l.spec.PinSnapshotInterval {

@@ -12,6 +12,7 @@ import (
 var (
 	descLoadControlWaiting = desc("load_control_waiting", "Turns held by load control now.", "model")
 	descLoadControlTurns   = desc("load_control_turns_total", "Turns of keyed conversations load control saw, by result: admitted (at once or after waiting, forced included), queued (had to wait), forced (sent over capacity after max_wait), refused (answered 503: the queue was full), cancelled (the client left while the turn waited), task_ended (its reply ended the agent's task, read by warden_stop_reason: its conversation left at once), side_call (a turn of a resident conversation with a body under a quarter of its latest own turn's, which neither sized nor ended its residency).", "model", "result")
+	descRefreshes          = desc("load_control_refreshes_total", "Requests that refreshed the cache of a conversation kept for a person within their share (its last request again, for one token), by result: sent (answered with a success) or failed.", "model", "result")
 	descResidents          = desc("residents", "Conversations load control holds resident on the replica: running a turn, or within their linger after one.", replicaLabels...)
 	descResidentTokens     = desc("resident_tokens", "Prompt tokens of the conversations resident on the replica, the prefix they share counted once: their last reply's count when warden_stop_reason read it, else their body bytes / the learned bytes per token.", replicaLabels...)
 	descSharedPrefix       = desc("load_control_shared_prefix_tokens", "The prefix new conversations share with others (their system prompt and tools), learned from the cached part of their first reply (vLLM's --enable-prompt-tokens-details, read by warden_stop_reason), else from the system prompt and tools their requests share; a replica holds it once for all its residents. No sample until known.", "model")
@@ -44,7 +45,7 @@ func ObserveWait(model string, seconds float64) {
 }
 
 func describeLoadControl(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descReplyTokens, descBytesPerToken, descSharedPrefix, descResidents, descResidentTokens, descKVCapacity,
+	for _, d := range []*prometheus.Desc{descLoadControlWaiting, descLoadControlAside, descLoadControlTurns, descRefreshes, descReplyTokens, descBytesPerToken, descSharedPrefix, descResidents, descResidentTokens, descKVCapacity,
 		descFlowWaiting, descFlowTurns, descFlowWaited} {
 		ch <- d
 	}
@@ -63,6 +64,8 @@ func collectLoadControlModel(ch chan<- prometheus.Metric, model string, lc panel
 	} {
 		ch <- prometheus.MustNewConstMetric(descLoadControlTurns, prometheus.CounterValue, float64(n), model, result)
 	}
+	ch <- prometheus.MustNewConstMetric(descRefreshes, prometheus.CounterValue, float64(lc.Refreshes), model, "sent")
+	ch <- prometheus.MustNewConstMetric(descRefreshes, prometheus.CounterValue, float64(lc.RefreshesFailed), model, "failed")
 	for turn, c := range map[string]panel.ReplyTokensStatus{"resident": lc.Replies.Resident, "non_resident": lc.Replies.NonResident} {
 		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.PromptTokens), model, turn, "prompt")
 		ch <- prometheus.MustNewConstMetric(descReplyTokens, prometheus.CounterValue, float64(c.CachedTokens), model, turn, "cached")

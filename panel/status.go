@@ -128,6 +128,11 @@ type LoadControlStatus struct {
 	// Replies is what warden_stop_reason read of the admitted turns'
 	// replies.
 	Replies ReplyUsageStatus `json:"replies"`
+	// Refreshes counts the requests that refreshed the cache of a
+	// conversation kept for a person within their share
+	// (livemodel/refresh.go): answered with a success, or not.
+	Refreshes       uint64 `json:"refreshes"`
+	RefreshesFailed uint64 `json:"refreshes_failed"`
 	// FlowHeader is the header whose value names a turn's flow; "" when
 	// the credential does (Authorization, else x-api-key). Flows is each
 	// flow's share of the queue, the most recently active first, at most
@@ -315,6 +320,7 @@ func Status(l *livemodel.Load, now time.Time) ModelStatus {
 		},
 	}
 	out.LoadControl.Flows, out.LoadControl.OtherFlows = flowsStatus(st.Flows)
+	out.LoadControl.Refreshes, out.LoadControl.RefreshesFailed = l.Model().Refreshes()
 	if spec.Store != nil {
 		ps := spec.Store.Status()
 		out.PinStore = &ps

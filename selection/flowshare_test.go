@@ -179,3 +179,41 @@ func TestFlowsShareTheGPUsRoomBesideAHostTier(t *testing.T) {
 		mustState(t, b.personTurn("p2", 20, 0), want)
 	}
 }
+
+// The conversations to refresh are a person's kept idle beside a farm
+// whose turns wait, on their replica: not while their turn runs, not the
+// farm's, not after lateReturnWithin, and none told apart from nobody.
+func TestKeptIdleAreAPersonsIdleConversations(t *testing.T) {
+	for _, oneFlow := range []bool{false, true} {
+		b := newShareBench(t, -1, oneFlow)
+		mustState(t, b.farm("f1", 90, 0), loadcontrol.Admitted)
+		p := b.personTurn("p", 10, 0)
+		mustState(t, p, loadcontrol.Admitted)
+		mustState(t, b.farm("f2", 90, 0), loadcontrol.Admitted)
+		mustState(t, b.farm("f3", 90, 0), loadcontrol.Waiting)
+		p.End(t0.Add(time.Second), loadcontrol.Reply{})
+		if !oneFlow {
+			next := b.personTurn("p", 10, 2*time.Second)
+			mustState(t, next, loadcontrol.Admitted)
+			if kept := b.r.KeptIdle(t0.Add(3 * time.Second)); len(kept) != 0 {
+				t.Fatalf("%v kept idle while the person's turn runs, want none", kept)
+			}
+			next.End(t0.Add(3*time.Second), loadcontrol.Reply{})
+		}
+		kept := b.r.KeptIdle(t0.Add(4 * time.Second))
+		if oneFlow {
+			if len(kept) != 0 {
+				t.Fatalf("one flow: %v kept idle, want none", kept)
+			}
+			continue
+		}
+		pin := b.r.pinOf(HashKey("p"), t0.UnixNano(), int64(time.Hour)).Replica
+		if len(kept) != 1 || kept[0].Key != HashKey("p") || kept[0].Replica != pin {
+			t.Fatalf("%v kept idle, want the person's conversation on %v", kept, pin)
+		}
+		b.r.Sweep(t0.Add(time.Minute))
+		if kept := b.r.KeptIdle(t0.Add(3*time.Second + 6*time.Minute)); len(kept) != 0 {
+			t.Fatalf("%v kept idle six minutes after the turn, want none", kept)
+		}
+	}
+}

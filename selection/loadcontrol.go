@@ -52,6 +52,32 @@ func (r *Router) ReleaseWaiting() { r.gate.ReleaseWaiting() }
 // routing then leaves its residents' conversations where they are.
 func (v *View) holdsTurns() bool { return v.cfg.Admission.Enabled && v.lc.HoldsTurns() }
 
+// Kept is an idle conversation that load control keeps resident for a
+// person within their share, and the replica holding its cache, where a
+// refresh of it goes (loadcontrol.View.KeptIdle).
+type Kept struct {
+	Key     uint64
+	Replica Replica
+}
+
+// KeptIdle lists the conversations kept resident and idle at now for
+// flows within their share, ordered by key.
+func (v *View) KeptIdle(now time.Time) []Kept {
+	kept := v.lc.KeptIdle(now)
+	out := make([]Kept, len(kept))
+	for i, k := range kept {
+		out[i] = Kept{Key: k.Key, Replica: k.Replica.(*replicaState).Replica}
+	}
+	return out
+}
+
+// WithinShare reports whether flow's conversations are kept resident for a
+// person within their share, and their caches refreshed
+// (loadcontrol.View.WithinShare).
+func (v *View) WithinShare(flow uint64) bool {
+	return v.cfg.Admission.Enabled && v.lc.WithinShare(flow)
+}
+
 // loadRouting is v as load control sees it (loadcontrol.Routing): its
 // replicas are *replicaState handles.
 type loadRouting struct{ v *View }

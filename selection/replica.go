@@ -16,9 +16,12 @@ type Replica struct {
 	Address string
 	// Rank is the engine rank (the `engine` label of vLLM's metrics).
 	Rank int
-	// SetsRank is true when requests must carry X-data-parallel-rank: Rank.
+	// SetsRank is true when requests must carry RankHeader: Rank.
 	SetsRank bool
 }
+
+// RankHeader is vLLM's per-request choice of data-parallel engine.
+const RankHeader = "X-data-parallel-rank"
 
 // Load is what the replica's own metrics said at the last scrape.
 type Load struct {
