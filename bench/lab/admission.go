@@ -83,8 +83,20 @@ func newAdmissionPolicy(admission loadcontrol.Config) PolicyFactory {
 		}
 		p := &admissionPolicy{wardenPolicy: w, env: env, waiting: map[*loadcontrol.Ticket]waiter{}}
 		env.Every(time.Second, p.forceOverdue)
+		env.RefreshEvery(env.Config().MetricsInterval, p.kept)
 		return p, nil
 	}
+}
+
+// kept are the conversations load control keeps for a person within their
+// share, idle: warden refreshes their caches (loadcontrol/refresh.go).
+func (p *admissionPolicy) kept(now time.Duration) []Refresh {
+	kept := p.view.KeptIdle(virtualTime(now))
+	out := make([]Refresh, len(kept))
+	for i, k := range kept {
+		out[i] = Refresh{Engine: p.index[k.Replica.ID], Key: k.Key}
+	}
+	return out
 }
 
 // Hold asks for admission and sends the turn once admitted.

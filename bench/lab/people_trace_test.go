@@ -165,8 +165,10 @@ func (p *tracePolicy) look(now time.Duration) {
 // against what load control believed, and the engine's state when an idle
 // conversation of the person's lost blocks (go test -v logs them, for
 // docs/research/policy.md). Each flow within its share keeps its
-// conversations resident, so most of the person's turns after a
-// conversation's first find it resident and most of their prompt cached.
+// conversations resident, and warden refreshes their caches while they are
+// idle, so most of the person's turns after a conversation's first find it
+// resident and nearly all of their prompt cached (65% – 75% without the
+// refreshes).
 func TestPersonBesideAFarmKeepsItsCache(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.People, _ = ParsePeople("farm:20:0s,person:2:10s")
@@ -207,8 +209,8 @@ func TestPersonBesideAFarmKeepsItsCache(t *testing.T) {
 		}
 		share := float64(cached) / float64(max(prompt, 1))
 		t.Logf("%s: %d of %d later turns resident, %.0f%% of their prompts cached", name, resident, later, 100*share)
-		if float64(resident) < 0.9*float64(later) || share < 0.6 {
-			t.Errorf("%s: %d of the person's %d later turns found their conversation resident, and they found %.0f%% of their prompts cached; want 90%% and 60%%",
+		if float64(resident) < 0.9*float64(later) || share < 0.9 {
+			t.Errorf("%s: %d of the person's %d later turns found their conversation resident, and they found %.0f%% of their prompts cached; want 90%% and 90%%",
 				name, resident, later, 100*share)
 		}
 	}

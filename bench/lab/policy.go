@@ -73,6 +73,9 @@ type Env struct {
 	// kvEvents, when set, receives each engine's KV cache events at the
 	// end of each of its steps, as vLLM publishes them.
 	kvEvents func(engine int, events []engine.KVEvent)
+	// refreshes is set when a policy refreshes conversations
+	// (RefreshEvery): the runs then keep each one's last turn.
+	refreshes bool
 }
 
 // task is periodic work of a policy; next survives from one run to the next
@@ -149,6 +152,27 @@ func (e *Env) Rand() *rand.Rand { return e.rng }
 func (e *Env) Every(interval time.Duration, fn func(now time.Duration)) {
 	top := e.top()
 	top.tasks = append(top.tasks, &task{interval: interval, next: e.fleet.clock, fn: fn})
+}
+
+// Refresh is a conversation whose last turn a policy has sent again to an
+// engine, for one token, so that the engine's cache keeps it.
+type Refresh struct {
+	Engine int
+	Key    uint64 // selection.HashKey of the conversation's key
+}
+
+// RefreshEvery calls fn every interval of virtual time while requests run
+// and sends each conversation it lists its last turn again (side calls
+// aside), unless the one sent before still runs, as warden does for the
+// conversations load control keeps (loadcontrol/refresh.go).
+func (e *Env) RefreshEvery(interval time.Duration, fn func(now time.Duration) []Refresh) {
+	top := e.top()
+	top.refreshes = true
+	e.Every(interval, func(now time.Duration) {
+		for _, r := range fn(now) {
+			top.run.refresh(e.first+r.Engine, r.Key)
+		}
+	})
 }
 
 // Policy names of DESIGN §4, plus vLLM balancer variants.

@@ -17,6 +17,7 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/tokenizer"
 	"github.com/lmwarden/caddy-warden/loadcontrol"
 	"github.com/lmwarden/caddy-warden/promptprefix"
+	"github.com/lmwarden/caddy-warden/selection"
 )
 
 // epoch is the wall-clock instant of virtual time 0, for the Results and the router.
@@ -133,6 +134,13 @@ type slot struct {
 	awaited bool
 	prompt  promptMemo
 	arrived []uint64 // the block hashes of the slot's last prompt the hit bound took
+	lastKey uint64   // the key of the conversation whose last turn it keeps
+}
+
+// lastTurn is a conversation's last turn that ended, and the refresh of it
+// an engine runs, nil when none.
+type lastTurn struct {
+	turn, refresh *engine.Request
 }
 
 // request is one turn in flight.
@@ -177,6 +185,9 @@ type sim struct {
 	stepEvents [][]engine.Event // tokens of each engine's running step
 	slots      []slot
 	byRequest  map[*engine.Request]*request
+	// lastTurns are each conversation's last turn that ended (side calls
+	// aside) by its routing key, which a refresh sends again (Env.Refresh).
+	lastTurns map[uint64]*lastTurn
 	// results holds one final result per request. When the run goes on
 	// past the window, windowCut holds the window's view of the requests
 	// in flight at its end: cut then, as the HTTP runner records them,
@@ -234,6 +245,7 @@ func simulate(env *Env, policy Policy, sessions int, seed int64) (*outcome, erro
 		stepEvents: make([][]engine.Event, len(f.engines)),
 		slots:      make([]slot, sessions),
 		byRequest:  map[*engine.Request]*request{},
+		lastTurns:  map[uint64]*lastTurn{},
 	}
 	out := &outcome{sim: s}
 	for i, name := range cfg.models() {
@@ -500,6 +512,44 @@ func (s *sim) dispatch(r *request, eng int, release func(loadcontrol.Reply)) {
 	}
 }
 
+// keepLastTurn keeps r as its conversation's last turn, and forgets its
+// slot's previous conversation's once this one has ended a turn: a refresh
+// of the one before keeps the prefix they share until then.
+func (s *sim) keepLastTurn(r *request) {
+	sl := &s.slots[r.slot]
+	key := selection.HashKey(r.session.ID)
+	if sl.lastKey != key {
+		delete(s.lastTurns, sl.lastKey)
+		sl.lastKey = key
+	}
+	if last := s.lastTurns[key]; last != nil {
+		last.turn = r.req
+		return
+	}
+	s.lastTurns[key] = &lastTurn{turn: r.req}
+}
+
+// refresh sends the last turn of key's conversation again to engine eng,
+// for one token, as warden resends a kept conversation's last request
+// (loadcontrol/refresh.go): not while one is still running there.
+func (s *sim) refresh(eng int, key uint64) {
+	last := s.lastTurns[key]
+	if last == nil || last.refresh != nil && last.refresh.FinishReason == engine.NotFinished {
+		return
+	}
+	last.refresh = &engine.Request{Prompt: last.turn.Prompt, PromptHashes: last.turn.PromptHashes, MaxTokens: 1, Output: refreshOutput}
+	if s.fleet.engines[eng].Add(last.refresh, s.now) != nil {
+		return
+	}
+	if !s.stepping[eng] {
+		s.stepping[eng] = true
+		s.schedule(s.now, eventStepStart, eng)
+	}
+}
+
+// refreshOutput is a refresh's one token.
+var refreshOutput = []uint32{0}
+
 // fail records a request that got no reply; the slot drops its session and
 // starts a new one a little later, as the HTTP runner does after an error.
 func (s *sim) fail(r *request, status int, err error) {
@@ -549,6 +599,9 @@ func (s *sim) endStep(eng int) {
 	}
 	for _, ev := range s.stepEvents[eng] {
 		r := s.byRequest[ev.Req]
+		if r == nil { // a refresh: nobody waits for it
+			continue
+		}
 		r.received++
 		if ev.First {
 			r.result.FirstToken = virtualTime(s.now)
@@ -584,6 +637,9 @@ func (s *sim) finish(r *request) {
 		return
 	}
 	r.session.Reply(tokenizer.Text(output))
+	if s.env.top().refreshes {
+		s.keepLastTurn(r)
+	}
 	if r.result.LastTurn {
 		s.endSession(r.slot)
 	}
