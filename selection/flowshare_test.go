@@ -182,7 +182,8 @@ func TestFlowsShareTheGPUsRoomBesideAHostTier(t *testing.T) {
 
 // The conversations to refresh are a person's kept idle beside a farm
 // whose turns wait, on their replica: not while their turn runs, not the
-// farm's, not after lateReturnWithin, and none told apart from nobody.
+// farm's, not on an unhealthy replica, not after lateReturnWithin, and
+// none told apart from nobody.
 func TestKeptIdleAreAPersonsIdleConversations(t *testing.T) {
 	for _, oneFlow := range []bool{false, true} {
 		b := newShareBench(t, -1, oneFlow)
@@ -211,6 +212,11 @@ func TestKeptIdleAreAPersonsIdleConversations(t *testing.T) {
 		if len(kept) != 1 || kept[0].Key != HashKey("p") || kept[0].Replica != pin {
 			t.Fatalf("%v kept idle, want the person's conversation on %v", kept, pin)
 		}
+		b.r.SetHealthy(pin.ID, false)
+		if kept := b.r.KeptIdle(t0.Add(4 * time.Second)); len(kept) != 0 {
+			t.Fatalf("%v kept idle on an unhealthy replica, want none", kept)
+		}
+		b.r.SetHealthy(pin.ID, true)
 		b.r.Sweep(t0.Add(time.Minute))
 		if kept := b.r.KeptIdle(t0.Add(3*time.Second + 6*time.Minute)); len(kept) != 0 {
 			t.Fatalf("%v kept idle six minutes after the turn, want none", kept)

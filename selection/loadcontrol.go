@@ -61,12 +61,13 @@ type Kept struct {
 }
 
 // KeptIdle lists the conversations kept resident and idle at now for
-// flows within their share, ordered by key.
+// flows within their share on healthy replicas, ordered by key.
 func (v *View) KeptIdle(now time.Time) []Kept {
-	kept := v.lc.KeptIdle(now)
-	out := make([]Kept, len(kept))
-	for i, k := range kept {
-		out[i] = Kept{Key: k.Key, Replica: k.Replica.(*replicaState).Replica}
+	var out []Kept
+	for _, k := range v.lc.KeptIdle(now) {
+		if s := k.Replica.(*replicaState); s.healthy.Load() {
+			out = append(out, Kept{Key: k.Key, Replica: s.Replica})
+		}
 	}
 	return out
 }
