@@ -63,8 +63,9 @@ type seenRequest struct {
 	rank    string // X-data-parallel-rank as received
 	apiKey  string // X-Api-Key as received
 	// oneToken: the body asked for one token and no stream, as a refresh
-	// does.
+	// does; said is its first message's content.
 	oneToken bool
+	said     string
 }
 
 // holdHeader asks the fake to keep the stream open that long before its
@@ -157,10 +158,17 @@ func (f *fakeVLLM) messages(w http.ResponseWriter, r *http.Request) {
 	var asked struct {
 		MaxTokens int   `json:"max_tokens"`
 		Stream    *bool `json:"stream"`
+		Messages  []struct {
+			Content any `json:"content"`
+		} `json:"messages"`
 	}
 	_ = json.Unmarshal(body, &asked)
+	said := ""
+	if len(asked.Messages) > 0 {
+		said = fmt.Sprint(asked.Messages[0].Content)
+	}
 	f.seen = append(f.seen, seenRequest{session: session, rank: rankHeader, apiKey: r.Header.Get("X-Api-Key"),
-		oneToken: asked.MaxTokens == 1 && asked.Stream != nil && !*asked.Stream})
+		oneToken: asked.MaxTokens == 1 && asked.Stream != nil && !*asked.Stream, said: said})
 	held := fmt.Sprintf("%d/%s", engine, session)
 	cached := min(len(body), f.lastPrompt[held])
 	f.tokens[engine].prompt += len(body)

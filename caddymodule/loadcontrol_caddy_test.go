@@ -603,7 +603,17 @@ func TestLoadControlRefreshesAPersonsKeptConversation(t *testing.T) {
 	ctx2, end2 := context.WithCancel(ctx)
 	farm2 := farm(ctx2, "farm-2")
 	testrun.Eventually(t, 10*time.Second, "farm-2 resident", func() bool { return residents(f.status(t)) == 2 })
-	person := sendAsync(context.Background(), f, "person", "X-Api-Key", "key-person", stopReasonHeader, "end_turn")
+	person := make(chan answer, 1)
+	go func() {
+		resp, err := f.sendSaying(context.Background(), "person", "the person's prompt", "X-Api-Key", "key-person", stopReasonHeader, "end_turn")
+		if err != nil {
+			person <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		person <- answer{status: resp.StatusCode, backend: resp.Header.Get("X-Backend"), err: err}
+	}()
 	waitingIs(t, f, 1)
 	end2()
 	<-farm2
@@ -612,12 +622,17 @@ func TestLoadControlRefreshesAPersonsKeptConversation(t *testing.T) {
 		t.Fatalf("the person's turn: %+v", got)
 	}
 
+	// refreshes counts the refreshes a replica got with apiKey, all saying
+	// the person's prompt.
 	refreshes := func(b *fakeVLLM, apiKey string) int {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		n := 0
 		for _, s := range b.seen {
 			if s.oneToken && s.apiKey == apiKey {
+				if s.said != "the person's prompt" {
+					t.Errorf("%s: a refresh saying %q", b.name, s.said)
+				}
 				n++
 			}
 		}

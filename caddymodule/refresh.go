@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -9,6 +8,7 @@ import (
 	"github.com/lmwarden/caddy-warden/livemodel"
 	"github.com/lmwarden/caddy-warden/readahead"
 	"github.com/lmwarden/caddy-warden/selection"
+	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
 // maxRefreshBody bounds the body kept for refreshes: a larger one (images,
@@ -19,20 +19,22 @@ const maxRefreshBody = 4 << 20
 // gateway in front of it) may ask of a request besides its body.
 var refreshHeaders = []string{"Authorization", "X-Api-Key", "Anthropic-Version", "Anthropic-Beta"}
 
+// refreshedAPIs end the paths of the APIs whose turns are refreshed: those
+// that generate from a conversation's prompt.
+var refreshedAPIs = []string{"/messages", "/chat/completions", "/completions", "/responses"}
+
 // keepPrompt keeps a turn's request for the refreshes of its conversation's
 // cache while load control keeps it for a person within their share
 // (livemodel/refresh.go): its whole body, read here and handed on intact.
-// A side call's is not the conversation's prompt.
+// A side call's is not the conversation's prompt, unless it is the first
+// turn on a compacted prefix: the conversation goes on from there.
 func (p *Policy) keepPrompt(view *selection.View, r *http.Request, held *inflight.Request, flow uint64) {
-	if held.Ticket.SideCall() || !view.WithinShare(flow) || !readahead.MayBeJSON(r) {
+	if held.Ticket.SideCall() && held.ID.Hint != sessionkey.Compacted || !view.WithinShare(flow) ||
+		!readahead.MayBeJSON(r) || !refreshed(r.URL.Path) {
 		return
 	}
-	data, whole := heldBodies.Read(r, maxRefreshBody)
+	body, whole := heldBodies.Read(r, maxRefreshBody)
 	if !whole {
-		return
-	}
-	body, ok := refreshBody(r.URL.Path, data)
-	if !ok {
 		return
 	}
 	header := http.Header{"Content-Type": {"application/json"}}
@@ -44,27 +46,12 @@ func (p *Policy) keepPrompt(view *selection.View, r *http.Request, held *infligh
 	p.live.KeepPrompt(held.ID.Key, livemodel.Prompt{Path: r.URL.RequestURI(), Header: header, Body: body}, p.clock.Now())
 }
 
-// refreshBody is a chat request's body made to generate one token, without
-// a stream: the same prompt, so that the engine finds it cached and frees
-// its blocks anew. The Responses API bounds its output with
-// max_output_tokens, the others with max_tokens (or max_completion_tokens).
-func refreshBody(path string, body []byte) ([]byte, bool) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil || fields == nil {
-		return nil, false
-	}
-	one := json.RawMessage("1")
-	if strings.HasSuffix(path, "/responses") {
-		fields["max_output_tokens"] = one
-	} else {
-		fields["max_tokens"] = one
-		if _, ok := fields["max_completion_tokens"]; ok {
-			fields["max_completion_tokens"] = one
+// refreshed reports whether a turn on path is refreshed.
+func refreshed(path string) bool {
+	for _, api := range refreshedAPIs {
+		if strings.HasSuffix(path, api) {
+			return true
 		}
 	}
-	fields["stream"] = json.RawMessage("false")
-	delete(fields, "stream_options")
-	delete(fields, "n")
-	out, err := json.Marshal(fields)
-	return out, err == nil
+	return false
 }

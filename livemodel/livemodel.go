@@ -91,6 +91,8 @@ func New(name string, metricsInterval time.Duration, logger *zap.Logger) *Model 
 	// Its own transport, so that Close can close its idle connections.
 	m.transport = http.DefaultTransport.(*http.Transport).Clone()
 	m.transport.Proxy = nil // replicas are dialled directly
+	// Refreshes of the conversations kept on one replica run side by side.
+	m.transport.MaxIdleConnsPerHost = 16
 	m.poller = metricsfeed.NewPoller(metricsfeed.PollerConfig{
 		Interval: metricsInterval,
 		Client:   &http.Client{Transport: m.transport},

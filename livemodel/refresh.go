@@ -3,9 +3,11 @@ package livemodel
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,12 +23,12 @@ import (
 // that the engine takes its blocks and frees them anew, last to be
 // evicted. The requests go as the client sent them (its path and
 // credentials), to the replica's address over plain HTTP, as /metrics is
-// read; the bodies and credentials stay in memory and no longer than the
-// conversation is kept.
+// read; the bodies and credentials stay in memory, keptPromptFor past the
+// conversation's last refresh.
 
-// Prompt is a conversation's last request, made a refresh: its path and
-// query, the headers to send (credentials, API version) and the body with
-// one token to generate and no stream.
+// Prompt is a conversation's last request: its path and query, the headers
+// a refresh sends (credentials, API version) and its body as the client
+// sent it, which the first refresh rewrites (refreshBody).
 type Prompt struct {
 	Path   string
 	Header http.Header
@@ -38,9 +40,8 @@ const (
 	// past it a turn's body is not kept.
 	maxKeptPromptBytes = 64 << 20
 	// keptPromptFor is how long a body is kept once its conversation is
-	// no longer among those refreshed (as long as load control keeps an
-	// idle conversation for a late return); a turn running meanwhile
-	// keeps its conversation's body too.
+	// no longer among those refreshed, or since its turn was admitted (as
+	// long as load control keeps an idle conversation for a late return).
 	keptPromptFor = 5 * time.Minute
 	// refreshTimeout bounds a refresh, its wait in the engine's queue
 	// included.
@@ -61,6 +62,9 @@ type keptPrompt struct {
 	Prompt
 	seen    time.Time // stored, or last refreshed
 	running bool      // a refresh of it is under way
+	// rewritten: Body is the refresh's (refreshBody), since the first one.
+	// Body changes only then, under the lock, by the one refresh running.
+	rewritten bool
 }
 
 // KeepPrompt keeps p as the last request of key's conversation, for its
@@ -124,45 +128,110 @@ func (m *Model) refreshKept(ctx context.Context, now time.Time) {
 			continue
 		}
 		kp.running = true
-		r.inFlight.Go(func() {
-			ok := m.send(ctx, k.Replica, kp.Prompt)
-			r.mu.Lock()
-			if cur := r.prompts[k.Key]; cur != nil {
-				cur.running = false // kp, or the turn's that replaced it meanwhile
-			}
-			r.mu.Unlock()
-			if ok {
-				r.sent.Add(1)
-			} else {
-				r.failed.Add(1)
-			}
-		})
+		r.inFlight.Go(func() { m.refreshOne(ctx, k.Key, k.Replica, kp) })
 	}
 	for key, kp := range r.prompts {
 		if !kp.running && now.Sub(kp.seen) > keptPromptFor {
-			r.bytes -= len(kp.Body)
-			delete(r.prompts, key)
+			r.forget(key)
 		}
 	}
 }
 
-// send posts p to rep and reports whether it succeeded.
-func (m *Model) send(ctx context.Context, rep selection.Replica, p Prompt) bool {
+// refreshOne sends kp, key's prompt, to rep, whose refresh it runs (its
+// running set); a refresh refused as it is will be refused again, and its
+// prompt is forgotten.
+func (m *Model) refreshOne(ctx context.Context, key uint64, rep selection.Replica, kp *keptPrompt) {
+	r := &m.refresh
+	body, ok := kp.Body, kp.rewritten
+	if !ok {
+		body, ok = refreshBody(kp.Path, kp.Body)
+	}
+	status := http.StatusBadRequest // no JSON object: nothing to send
+	if ok {
+		status = m.send(ctx, rep, kp.Path, kp.Header, body)
+	}
+	if status >= 200 && status < 300 {
+		r.sent.Add(1)
+	} else {
+		r.failed.Add(1)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cur := r.prompts[key]
+	if cur != nil {
+		cur.running = false // kp, or the turn's that replaced it meanwhile
+	}
+	switch {
+	case cur != kp:
+	case status >= 400 && status < 500:
+		r.forget(key)
+	case !kp.rewritten:
+		r.bytes += len(body) - len(kp.Body)
+		kp.Body, kp.rewritten = body, true
+	}
+}
+
+// forget drops key's prompt (r.mu held).
+func (r *refresher) forget(key uint64) {
+	if kp := r.prompts[key]; kp != nil {
+		r.bytes -= len(kp.Body)
+		delete(r.prompts, key)
+	}
+}
+
+// send posts a refresh to rep and returns the answer's status, 0 when
+// there was none.
+func (m *Model) send(ctx context.Context, rep selection.Replica, path string, header http.Header, body []byte) int {
 	ctx, cancel := context.WithTimeout(ctx, refreshTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+rep.Address+p.Path, bytes.NewReader(p.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+rep.Address+path, bytes.NewReader(body))
 	if err != nil {
-		return false
+		return 0
 	}
-	req.Header = p.Header.Clone()
+	req.Header = header.Clone()
 	if rep.SetsRank {
 		req.Header.Set(selection.RankHeader, strconv.Itoa(rep.Rank))
 	}
 	resp, err := (&http.Client{Transport: m.transport}).Do(req)
 	if err != nil {
-		return false
+		return 0
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode < 300
+	return resp.StatusCode
+}
+
+// dropFromRefresh are request fields a refresh leaves out: more than one
+// answer (n), a stream's options, a response in the background, a minimum
+// answer longer than one token, the prompt's log-probabilities (vLLM
+// computes the whole prompt for them, past its cache) and a transfer from
+// another engine's cache that has happened.
+var dropFromRefresh = []string{"n", "stream_options", "background", "min_tokens", "prompt_logprobs", "kv_transfer_params"}
+
+// refreshBody is a request's body made to generate one token, without a
+// stream: the same prompt, so that the engine finds it cached and frees
+// its blocks anew. The Responses API bounds its output with
+// max_output_tokens and stores no response, the others take max_tokens
+// (or max_completion_tokens).
+func refreshBody(path string, body []byte) ([]byte, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil || fields == nil {
+		return nil, false
+	}
+	one := json.RawMessage("1")
+	if strings.HasSuffix(path, "/responses") {
+		fields["max_output_tokens"] = one
+		fields["store"] = json.RawMessage("false")
+	} else {
+		fields["max_tokens"] = one
+		if _, ok := fields["max_completion_tokens"]; ok {
+			fields["max_completion_tokens"] = one
+		}
+	}
+	fields["stream"] = json.RawMessage("false")
+	for _, name := range dropFromRefresh {
+		delete(fields, name)
+	}
+	out, err := json.Marshal(fields)
+	return out, err == nil
 }

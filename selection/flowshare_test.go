@@ -190,9 +190,14 @@ func TestKeptIdleAreAPersonsIdleConversations(t *testing.T) {
 		mustState(t, b.farm("f1", 90, 0), loadcontrol.Admitted)
 		p := b.personTurn("p", 10, 0)
 		mustState(t, p, loadcontrol.Admitted)
-		mustState(t, b.farm("f2", 90, 0), loadcontrol.Admitted)
+		f2 := b.farm("f2", 90, 0)
+		mustState(t, f2, loadcontrol.Admitted)
 		mustState(t, b.farm("f3", 90, 0), loadcontrol.Waiting)
 		p.End(t0.Add(time.Second), loadcontrol.Reply{})
+		f2.End(t0.Add(time.Second), loadcontrol.Reply{}) // idle, lingering, its flow over its share
+		if b.residents() != 3 {
+			t.Fatalf("one flow %v: %d residents, want f1 running, p and f2 idle", oneFlow, b.residents())
+		}
 		if !oneFlow {
 			next := b.personTurn("p", 10, 2*time.Second)
 			mustState(t, next, loadcontrol.Admitted)

@@ -129,3 +129,16 @@ func TestSweepWithPeopleNeedsTheirSessionsAsTheLevel(t *testing.T) {
 		t.Fatalf("a level of 8 for 22 people's sessions: %v", err)
 	}
 }
+
+// A measured window that opens while an engine's step carries a refresh
+// (a request no client waits for) opens as any other: seed 1's 10 s person
+// has one in flight at 30.127 s.
+func TestWindowOpensDuringARefresh(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.People, _ = ParsePeople("farm:20:0s,person:2:10s")
+	cfg.Warmup, cfg.Duration = 30127*time.Millisecond, 10*time.Second
+	env, policy := freshPolicy(t, cfg, PolicyAdmission, 1)
+	if _, err := simulate(env, policy, Sessions(cfg.People), 1); err != nil {
+		t.Fatal(err)
+	}
+}

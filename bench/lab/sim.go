@@ -734,7 +734,9 @@ func (s *sim) openWindow() {
 	for eng, stepping := range s.stepping {
 		if stepping {
 			for _, ev := range s.stepEvents[eng] {
-				s.byRequest[ev.Req].early++
+				if r := s.byRequest[ev.Req]; r != nil { // not a refresh
+					r.early++
+				}
 			}
 		}
 	}
