@@ -68,12 +68,12 @@ func (p *Policy) admit(view *selection.View, r *http.Request, w http.ResponseWri
 		caddyhttp.SetVar(ctx, varQueued, waited)
 		metrics.ObserveWait(p.Model, waited)
 		if sent {
-			p.keepPrompt(view, r, held, req.Flow)
+			p.keepPrompt(r, held)
 		}
 		return sent
 	}
 	caddyhttp.SetVar(ctx, varQueued, 0.0)
-	p.keepPrompt(view, r, held, req.Flow)
+	p.keepPrompt(r, held)
 	return true
 }
 

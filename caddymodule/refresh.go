@@ -7,7 +7,6 @@ import (
 	"github.com/lmwarden/caddy-warden/inflight"
 	"github.com/lmwarden/caddy-warden/livemodel"
 	"github.com/lmwarden/caddy-warden/readahead"
-	"github.com/lmwarden/caddy-warden/selection"
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
@@ -28,9 +27,8 @@ var refreshedAPIs = []string{"/messages", "/chat/completions", "/completions", "
 // (livemodel/refresh.go): its whole body, read here and handed on intact.
 // A side call's is not the conversation's prompt, unless it is the first
 // turn on a compacted prefix: the conversation goes on from there.
-func (p *Policy) keepPrompt(view *selection.View, r *http.Request, held *inflight.Request, flow uint64) {
-	if held.Ticket.SideCall() && held.ID.Hint != sessionkey.Compacted || !view.WithinShare(flow) ||
-		!readahead.MayBeJSON(r) || !refreshed(r.URL.Path) {
+func (p *Policy) keepPrompt(r *http.Request, held *inflight.Request) {
+	if !refreshed(r.URL.Path) || !readahead.MayBeJSON(r) || !held.Ticket.KeepsPrompt(held.ID.Hint == sessionkey.Compacted) {
 		return
 	}
 	body, whole := heldBodies.Read(r, maxRefreshBody)

@@ -19,9 +19,8 @@ import (
 // Refreshes keep the caches of the conversations load control keeps for a
 // person within their share (loadcontrol/refresh.go): every metrics
 // interval, each idle one's last request goes again to its replica, for
-// one token, so
-// that the engine takes its blocks and frees them anew, last to be
-// evicted. The requests go as the client sent them (its path and
+// one token, so that the engine takes its blocks and frees them anew, last
+// to be evicted. The requests go as the client sent them (its path and
 // credentials), to the replica's address over plain HTTP, as /metrics is
 // read; the bodies and credentials stay in memory, keptPromptFor past the
 // conversation's last refresh.

@@ -51,24 +51,17 @@ func (v *View) KeptIdle(now time.Time) []Kept {
 	return out
 }
 
-// WithinShare reports whether flow holds no more than its share of the
-// caches while several flows share the fleet: its conversations are kept
-// resident, and their caches refreshed.
-func (v *View) WithinShare(flow uint64) bool {
-	g := v.gate
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return v.on && !g.aside.Load() && g.fair.several() && v.shares().within(&g.fair, flow)
-}
-
-// SideCall reports whether t is a side call of its conversation
-// (sidecall.go): its prompt is not the conversation's.
-func (t *Ticket) SideCall() bool {
+// KeepsPrompt reports whether t's request is worth keeping for the
+// refreshes of its conversation's cache: its flow is within its share while
+// several flows share the fleet, and t is not a side call (sidecall.go), or
+// is the first turn on a compacted prefix (compacted), from which the
+// conversation goes on.
+func (t *Ticket) KeepsPrompt(compacted bool) bool {
 	if t == nil {
 		return false
 	}
-	g := t.view.gate
+	v, g := t.view, t.view.gate
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return t.side
+	return (!t.side || compacted) && v.on && !g.aside.Load() && g.fair.several() && v.shares().within(&g.fair, t.fair.flow)
 }

@@ -183,7 +183,7 @@ func TestFlowsShareTheGPUsRoomBesideAHostTier(t *testing.T) {
 // The conversations to refresh are a person's kept idle beside a farm
 // whose turns wait, on their replica: not while their turn runs, not the
 // farm's, not on an unhealthy replica, not after lateReturnWithin, and
-// none told apart from nobody.
+// none told apart from nobody; only the person's turns keep their prompts.
 func TestKeptIdleAreAPersonsIdleConversations(t *testing.T) {
 	for _, oneFlow := range []bool{false, true} {
 		b := newShareBench(t, -1, oneFlow)
@@ -197,6 +197,10 @@ func TestKeptIdleAreAPersonsIdleConversations(t *testing.T) {
 		f2.End(t0.Add(time.Second), loadcontrol.Reply{}) // idle, lingering, its flow over its share
 		if b.residents() != 3 {
 			t.Fatalf("one flow %v: %d residents, want f1 running, p and f2 idle", oneFlow, b.residents())
+		}
+		if p.KeepsPrompt(false) == oneFlow || f2.KeepsPrompt(false) {
+			t.Fatalf("one flow %v: the person's turn keeps its prompt %v, the farm's %v; want the person's alone, told apart",
+				oneFlow, p.KeepsPrompt(false), f2.KeepsPrompt(false))
 		}
 		if !oneFlow {
 			next := b.personTurn("p", 10, 2*time.Second)

@@ -72,13 +72,6 @@ func (v *View) KeptIdle(now time.Time) []Kept {
 	return out
 }
 
-// WithinShare reports whether flow's conversations are kept resident for a
-// person within their share, and their caches refreshed
-// (loadcontrol.View.WithinShare).
-func (v *View) WithinShare(flow uint64) bool {
-	return v.cfg.Admission.Enabled && v.lc.WithinShare(flow)
-}
-
 // loadRouting is v as load control sees it (loadcontrol.Routing): its
 // replicas are *replicaState handles.
 type loadRouting struct{ v *View }
