@@ -14,8 +14,10 @@ package loadcontrol
 // as a person's next message continues the conversation; a new
 // conversation of that flow takes the place of its conversations whose
 // task ended. A replica holding such residents keeps room for each one's
-// reply and for the shared prefix it may not share with the others, which
-// its prompt's size leaves out; a resident of a flow over its share yields
+// reply and, once, for the shared prefix they may not share with the
+// others, which their prompts' sizes leave out: that slack lets a returning
+// turn start at once rather than queue in the engine behind the turns of
+// a flow over its share. A resident of a flow over its share yields
 // at its turn's end when that replica's residents no longer fit in its
 // cache with that room, or when a turn of a flow within its share waits.
 // With a host tier, while two flows or more share the fleet, a replica
@@ -121,24 +123,28 @@ func (v *View) keepsIdle(res *resident, now int64) bool {
 }
 
 // keptReserve is the room s keeps beyond its residents' prompts for those
-// it keeps for a flow within its share: each one's reply and the shared
-// prefix (g.mu held).
+// it keeps for a flow within its share: each one's reply, and the shared
+// prefix once, as what s holds counts it (g.mu held).
 func (v *View) keptReserve(s Replica) int {
 	g := v.gate
 	if g.aside.Load() || !g.fair.several() {
 		return 0
 	}
 	sh := v.shares()
-	reserve := 0
+	reserve, kept := 0, false
 	for flow, h := range g.fair.held {
 		if !sh.within(&g.fair, flow) {
 			continue
 		}
 		for res := range h.residents {
 			if res.rep == s && !res.leaving {
-				reserve += res.output + v.sharedTokens()
+				reserve += res.output
+				kept = true
 			}
 		}
+	}
+	if kept {
+		reserve += v.sharedTokens()
 	}
 	return reserve
 }
