@@ -47,21 +47,28 @@ func ShapeColumns() []string {
 	return out
 }
 
-// ShapeCell is one subject policy against the best baseline on one shape.
+// ShapeCell is one subject policy against the baselines on one shape.
 type ShapeCell struct {
 	Shape   string
 	Subject string
 	Seeds   int
-	// Columns follow ShapeColumns.
+	// Columns follow ShapeColumns; a lost column's Best is the baseline
+	// it lost to.
 	Columns []Versus
+	// DominatedBy are the baselines that beat the subject outright: worse
+	// in no column and better in one, each judged as a column is. A cell
+	// can lose columns to different baselines, each best at one of them,
+	// and still be the better choice against any one a user could run.
+	DominatedBy []string
 }
 
-// CompareShapes sets each subject against the best of the baselines (every
-// policy of rows that is not a subject) on each shape (rows' Workload),
-// column by column. A column is lost when the subject is worse than the
-// best baseline by more than ShapeTolerance and more than their combined
-// spread, won when better by as much, tied otherwise or when either was
-// not measured.
+// CompareShapes sets each subject against the baselines (every policy of
+// rows that is not a subject) on each shape (rows' Workload), column by
+// column. A column is won when the subject is better than the best
+// baseline by more than ShapeTolerance and more than their combined
+// spread, lost when worse than any baseline by as much (the best one's
+// spread may hide a loss to a steadier one), tied otherwise or when either
+// was not measured.
 func CompareShapes(rows []Row, subjects []string) ([]ShapeCell, error) {
 	byShape := map[string][]Row{}
 	var shapes []string
@@ -99,12 +106,55 @@ func CompareShapes(rows []Row, subjects []string) ([]ShapeCell, error) {
 					}
 				}
 				v.Verdict = col.shapeVerdict(v.Ours, v.Best)
+				if v.Verdict != Loss {
+					v = col.lossToAny(v, baselines)
+				}
 				cell.Columns = append(cell.Columns, v)
+			}
+			for _, b := range baselines {
+				if dominates(points[i], b) {
+					cell.DominatedBy = append(cell.DominatedBy, b.policy)
+				}
 			}
 			out = append(out, cell)
 		}
 	}
 	return out, nil
+}
+
+// lossToAny is v lost to the baseline the subject is furthest behind
+// among those it loses to, v itself when it loses to none.
+func (c versusColumn) lossToAny(v Versus, baselines []point) Versus {
+	out := v
+	for _, b := range baselines {
+		var theirs Stat
+		theirs.Mean, theirs.SD = b.stat(c.metric)
+		if c.shapeVerdict(v.Ours, theirs) != Loss {
+			continue
+		}
+		if out.Verdict != Loss || c.better(theirs.Mean, out.Best.Mean) {
+			out = Versus{Ours: v.Ours, Best: theirs, BestPolicy: b.policy, Verdict: Loss}
+		}
+	}
+	return out
+}
+
+// dominates reports whether baseline beats subject in one column and
+// loses to it in none.
+func dominates(subject, baseline point) bool {
+	beaten := false
+	for _, col := range shapeColumns {
+		var ours, theirs Stat
+		ours.Mean, ours.SD = subject.stat(col.metric)
+		theirs.Mean, theirs.SD = baseline.stat(col.metric)
+		switch col.shapeVerdict(ours, theirs) {
+		case Win:
+			return false
+		case Loss:
+			beaten = true
+		}
+	}
+	return beaten
 }
 
 // shapeVerdict is verdict with ShapeTolerance: a difference must pass both
@@ -135,9 +185,10 @@ func (c ShapeCell) Lost(counts []bool) bool {
 }
 
 // PrintShapeSummary writes, per subject, the wins, ties and losses of each
-// column over the shapes, then every lost column: the subject's mean, the
-// best baseline's, their ratio and describe(shape), which should say how to
-// run that shape again.
+// column over the shapes and how many shapes a baseline beat it outright
+// on, then every lost column: the subject's mean, the best baseline's,
+// their ratio and describe(shape), which should say how to run that shape
+// again.
 func PrintShapeSummary(w io.Writer, cells []ShapeCell, describe func(shape string) string) error {
 	subjects := subjectsOf(cells)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -145,14 +196,20 @@ func PrintShapeSummary(w io.Writer, cells []ShapeCell, describe func(shape strin
 	for _, col := range shapeColumns {
 		fmt.Fprintf(tw, "\t%s win/tie/loss", col.header)
 	}
-	fmt.Fprintln(tw, "\t")
+	fmt.Fprintln(tw, "\tBeaten outright\t")
 	for _, s := range subjects {
 		mine := cellsOf(cells, s)
 		fmt.Fprintf(tw, "%s\t%d", s, len(mine))
 		for i := range shapeColumns {
 			fmt.Fprintf(tw, "\t%s", tally(mine, i))
 		}
-		fmt.Fprintln(tw, "\t")
+		beaten := 0
+		for _, c := range mine {
+			if len(c.DominatedBy) > 0 {
+				beaten++
+			}
+		}
+		fmt.Fprintf(tw, "\t%d\t\n", beaten)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -177,6 +234,9 @@ func PrintShapeSummary(w io.Writer, cells []ShapeCell, describe func(shape strin
 					parts = append(parts, fmt.Sprintf("%s %s against %s %s (%s)", col.header,
 						formatStat(col.metric, v.Ours, c.Seeds), v.BestPolicy, formatStat(col.metric, v.Best, c.Seeds), formatRatio(v.Ratio())))
 				}
+			}
+			if len(c.DominatedBy) > 0 {
+				parts = append(parts, "beaten outright by "+strings.Join(c.DominatedBy, ", "))
 			}
 			fmt.Fprintf(w, "  %s: %s\n    %s\n", c.Shape, strings.Join(parts, "; "), describe(c.Shape))
 		}

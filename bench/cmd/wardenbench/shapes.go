@@ -21,7 +21,7 @@ import (
 var shapesSubjects = []string{lab.PolicyWarden, lab.PolicyAdmission, lab.PolicyAdmissionFarm}
 
 // runShapes is `wardenbench shapes`: the lab on workload shapes drawn at
-// random from wide ranges, each subject against the best baseline on each.
+// random from wide ranges, each subject against the baselines on each.
 func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	base := lab.DefaultConfig()
 	fs := flag.NewFlagSet("wardenbench shapes", flag.ContinueOnError)
@@ -31,7 +31,7 @@ func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error
 	seeds := int64List{1, 2, 3}
 	fs.Var(&seeds, "seeds", "comma-separated seeds each shape runs with")
 	subjects := stringList(shapesSubjects)
-	fs.Var(&subjects, "subjects", "comma-separated policies judged against the best of the others")
+	fs.Var(&subjects, "subjects", "comma-separated policies judged against the others")
 	baselines := stringList{lab.PolicyOff, lab.PolicyVLLM, lab.PolicyHeader, lab.PolicyLeastConn, lab.PolicyRoundRobin}
 	fs.Var(&baselines, "baselines", "comma-separated policies the subjects are judged against")
 	var only intList0
@@ -86,7 +86,7 @@ func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error
 		tierNote = ", replicas with a host KV tier (" + tierArg[1:] + ")"
 	}
 	fmt.Fprintf(stdout, "shapes: %d drawn with seed %d, each run with seeds %v%s; %d runs in %.0fs\n", len(shapes), *seed, []int64(seeds), tierNote, runs, elapsed.Seconds())
-	fmt.Fprintf(stdout, "A column is lost when worse than the best of %v by more than %.0f%% and the combined spread.\n\n",
+	fmt.Fprintf(stdout, "A column is lost when worse than any of %v by more than %.0f%% and the combined spread, won when better than the best of them by as much.\n\n",
 		[]string(baselines), 100*report.ShapeTolerance)
 	describe := func(name string) string {
 		s := byName[name]
