@@ -61,6 +61,14 @@ type Config struct {
 	// those it cuts count as conversations cut. 0 times only the
 	// conversations that finish in the window, as an end-to-end run does.
 	ConversationTail time.Duration
+	// MidConversation starts each session's first conversation at a turn
+	// drawn at random from its turns, the turns before it filled in with
+	// the replies the model would give but not sent, so that a run begins
+	// with conversations of every age, as a fleet that has been running
+	// for a while has. Started all at their first turn, conversations that
+	// outlive the warm-up keep in step, and the window measures how far
+	// each policy got along them rather than its steady state.
+	MidConversation bool
 	// MetricsInterval is how often the warden policy sees the engines' metrics.
 	MetricsInterval time.Duration
 	// SpillThreshold is the warden's manual spill threshold; 0 is auto (moves by expected cost).

@@ -228,6 +228,27 @@ func TestWarmupStaggersSessions(t *testing.T) {
 	}
 }
 
+// TestMidConversationStartsEndConversationsAtOnce checks that sessions
+// started mid-conversation are out of step from the start: with no warm-up,
+// conversations end all along the window, where started at their first turn
+// hardly any does.
+func TestMidConversationStartsEndConversationsAtOnce(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Warmup = 0
+	inStep, err := Run(cfg, PolicyWarden, 32, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MidConversation = true
+	mid, err := Run(cfg, PolicyWarden, 32, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inStep.SessionsCompleted > 2 || mid.SessionsCompleted < 8*max(1, inStep.SessionsCompleted) {
+		t.Fatalf("sessions completed without warm-up: %d started at their first turn (want at most 2), %d mid-conversation (want 8 times as many)", inStep.SessionsCompleted, mid.SessionsCompleted)
+	}
+}
+
 // TestConversationTimes checks the time per conversation of a short run:
 // every conversation sent in the window is timed to its end, past the
 // window if need be; p50 <= p95, and both are at least the sums of the

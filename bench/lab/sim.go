@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -389,6 +390,18 @@ func (s *sim) addPerson(wl agentload.Config, flow string, weight float64) error 
 	return nil
 }
 
+// resume plays the turns of a slot's first session that come before a
+// turn drawn at random, with the replies the model would give, without
+// sending them (Config.MidConversation). The draw depends on the run's
+// seed and the slot alone, so that every policy starts from the same ages.
+func (s *sim) resume(session *agentload.Session, slotIndex int) {
+	rng := rand.New(rand.NewPCG(uint64(s.seed), uint64(slotIndex)))
+	for skip := rng.IntN(session.Turns()); skip > 0; skip-- {
+		turn, _ := session.Next()
+		session.Reply(tokenizer.Text(tokenizer.Reply(replySeed(s.seed, session.Index, turn.Index), turn.MaxTokens, false)))
+	}
+}
+
 func (s *sim) schedule(at time.Duration, kind eventKind, index int) {
 	s.seq++
 	heap.Push(&s.queue, event{at: at, seq: s.seq, kind: kind, index: index})
@@ -400,7 +413,11 @@ func (s *sim) send(slotIndex int) {
 	sl := &s.slots[slotIndex]
 	person := &s.people[sl.person]
 	if sl.session == nil || sl.session.Done() {
+		first := sl.session == nil
 		sl.session = person.gen.NewSession()
+		if first && s.env.cfg.MidConversation {
+			s.resume(sl.session, slotIndex)
+		}
 		if s.personOf != nil {
 			s.personOf[sl.session.ID] = sl.person
 		}

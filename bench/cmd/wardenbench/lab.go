@@ -12,6 +12,8 @@ import (
 	"github.com/lmwarden/caddy-warden/bench/vllmsim/engine"
 )
 
+const midConversationUsage = "start each session's first conversation at a turn drawn at random, the turns before it filled in but not sent, as in a fleet that has been running"
+
 // runLab is `wardenbench lab`: every policy at every level in virtual time.
 func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := newCommon(args)
@@ -24,6 +26,7 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	warm := fs.Bool("warm", false, "keep one fleet for every run of a seed (policies then levels, as the seed did) instead of a fresh fleet per run")
 	workers := fs.Int("jobs", runtime.NumCPU(), "runs simulated in parallel (results do not depend on it)")
 	tail := fs.Duration("conversation-tail", lab.DefaultConversationTail, "how long past the window the load goes on so that the conversations sent in it end and are timed")
+	mid := fs.Bool("mid-conversation", false, midConversationUsage)
 	bodyBytes := fs.Float64("body-bytes-per-token", 0, "request body bytes per prompt token as the proxy sees them (0: the simulator's 4); models a denser or looser tokenizer")
 	var people peopleFlags
 	people.register(fs)
@@ -34,7 +37,7 @@ func runLab(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.Warm, cfg.BodyBytesPerToken, cfg.ConversationTail = *warm, *bodyBytes, *tail
+	cfg.Warm, cfg.BodyBytesPerToken, cfg.ConversationTail, cfg.MidConversation = *warm, *bodyBytes, *tail, *mid
 	if cfg.People, err = people.people(c); err != nil {
 		return err
 	}

@@ -42,6 +42,7 @@ func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&base.MetricsInterval, "metrics-interval", base.MetricsInterval, "how often warden polls the replicas' metrics")
 	tier := hostTierSize{&base.Profile.KVOffloadingSize, &base.HostTierTimesGPU}
 	fs.Var(tier, kvOffloadingSize, hostTierUsage)
+	fs.BoolVar(&base.MidConversation, "mid-conversation", false, midConversationUsage)
 	details := fs.Bool("prompt-tokens-details", true, "the replicas report each prompt's cached part (vLLM's --enable-prompt-tokens-details)")
 	if err := parseAll(fs, args); err != nil {
 		return err
@@ -80,18 +81,22 @@ func runShapes(_ context.Context, args []string, stdout, stderr io.Writer) error
 	for _, s := range shapes {
 		byName[s.Name()] = s
 	}
-	tierNote, tierArg := "", ""
+	runNote, extraArgs := "", ""
 	if base.EngineProfile().HostTier() {
-		tierArg = " --" + kvOffloadingSize + "=" + tier.String()
-		tierNote = ", replicas with a host KV tier (" + tierArg[1:] + ")"
+		extraArgs = " --" + kvOffloadingSize + "=" + tier.String()
+		runNote = ", replicas with a host KV tier (" + extraArgs[1:] + ")"
 	}
-	fmt.Fprintf(stdout, "shapes: %d drawn with seed %d, each run with seeds %v%s; %d runs in %.0fs\n", len(shapes), *seed, []int64(seeds), tierNote, runs, elapsed.Seconds())
+	if base.MidConversation {
+		extraArgs += " --mid-conversation"
+		runNote += ", sessions started mid-conversation"
+	}
+	fmt.Fprintf(stdout, "shapes: %d drawn with seed %d, each run with seeds %v%s; %d runs in %.0fs\n", len(shapes), *seed, []int64(seeds), runNote, runs, elapsed.Seconds())
 	fmt.Fprintf(stdout, "A column is lost when worse than any of %v by more than %.0f%% and the combined spread, won when better than the best of them by as much.\n\n",
 		[]string(baselines), 100*report.ShapeTolerance)
 	describe := func(name string) string {
 		s := byName[name]
 		return fmt.Sprintf("%s\n    wardenbench shapes --seed %d --only %d --seeds %s%s   (or: wardenbench lab %s%s --seeds %s)",
-			describeShape(s), *seed, s.Index, seeds.String(), tierArg, strings.Join(s.LabArgs(), " "), tierArg, seeds.String())
+			describeShape(s), *seed, s.Index, seeds.String(), extraArgs, strings.Join(s.LabArgs(), " "), extraArgs, seeds.String())
 	}
 	if err := report.PrintShapeSummary(stdout, cells, describe); err != nil {
 		return err

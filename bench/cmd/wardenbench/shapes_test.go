@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/lmwarden/caddy-warden/bench/lab"
+	"github.com/lmwarden/caddy-warden/bench/report"
 )
 
 // shapes runs each drawn shape under every policy, reports how each
@@ -51,4 +52,34 @@ func equalFloats(a, b []float64) bool {
 		}
 	}
 	return true
+}
+
+// With --mid-conversation the shapes and the lab command start sessions
+// mid-conversation alike, which changes the runs.
+func TestShapesMidConversationReproducesInTheLab(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"shapes", "--count", "1", "--seeds", "1", "--subjects", "warden", "--baselines", "header"}
+	out, mid := runForRows(t, filepath.Join(dir, "mid.json"), append(args, "--mid-conversation")...)
+	if !strings.Contains(out, "sessions started mid-conversation") {
+		t.Errorf("output does not say how sessions started:\n%s", out)
+	}
+	_, inStep := runForRows(t, filepath.Join(dir, "step.json"), args...)
+	s := lab.DrawShapes(1, 1, lab.DefaultConfig().Profile.BlockSize)[0]
+	labArgs := append(append([]string{"lab"}, s.LabArgs()...), "--mid-conversation", "--seeds", "1", "--policies", "warden")
+	_, again := runForRows(t, filepath.Join(dir, "lab.json"), labArgs...)
+	columns := func(r report.Row) []float64 {
+		return []float64{r.OutputTokensPerMin, r.TTFBP50S, r.TTFBP95S, r.ConversationMeanS}
+	}
+	var midRow, stepRow []float64
+	for i := range mid {
+		if mid[i].Policy == "warden" {
+			midRow, stepRow = columns(mid[i]), columns(inStep[i])
+		}
+	}
+	if len(again) != 1 || !equalFloats(columns(again[0]), midRow) {
+		t.Fatalf("wardenbench %s: %v, the shape's run %v", strings.Join(labArgs, " "), again, midRow)
+	}
+	if equalFloats(midRow, stepRow) {
+		t.Fatalf("mid-conversation and in-step runs agree to the digit: %v", midRow)
+	}
 }
