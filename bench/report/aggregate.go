@@ -146,6 +146,12 @@ func (p point) stat(m metric) (mean, sd float64) {
 	return mean, math.Sqrt(sd / (n - 1))
 }
 
+// statOf is stat as a Stat.
+func (p point) statOf(m metric) Stat {
+	mean, sd := p.stat(m)
+	return Stat{mean, sd}
+}
+
 // cell formats a metric as "mean" or, over several seeds, "mean±sd".
 func (p point) cell(m metric) string {
 	mean, sd := p.stat(m)

@@ -127,8 +127,7 @@ func CompareShapes(rows []Row, subjects []string) ([]ShapeCell, error) {
 func (c versusColumn) lossToAny(v Versus, baselines []point) Versus {
 	out := v
 	for _, b := range baselines {
-		var theirs Stat
-		theirs.Mean, theirs.SD = b.stat(c.metric)
+		theirs := b.statOf(c.metric)
 		if c.shapeVerdict(v.Ours, theirs) != Loss {
 			continue
 		}
@@ -144,10 +143,7 @@ func (c versusColumn) lossToAny(v Versus, baselines []point) Versus {
 func dominates(subject, baseline point) bool {
 	beaten := false
 	for _, col := range shapeColumns {
-		var ours, theirs Stat
-		ours.Mean, ours.SD = subject.stat(col.metric)
-		theirs.Mean, theirs.SD = baseline.stat(col.metric)
-		switch col.shapeVerdict(ours, theirs) {
+		switch col.shapeVerdict(subject.statOf(col.metric), baseline.statOf(col.metric)) {
 		case Win:
 			return false
 		case Loss:
