@@ -223,6 +223,9 @@ type Gate struct {
 	// aside: load control holds no turn, as no turn lacks room or as most
 	// conversations come back late.
 	aside atomic.Bool
+	// waiting: turns wait in the queue, for routing to read without the
+	// gate's lock (KeepsResidents).
+	waiting atomic.Bool
 	// expiries are the residencies that expired recently, oldest first,
 	// and expired finds a conversation's, to count its return late
 	// (aside.go).
@@ -305,6 +308,7 @@ func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
 	default:
 		t.state = Waiting
 		g.enqueue(t)
+		g.waiting.Store(true)
 		g.queued++
 	}
 	g.mu.Unlock()
@@ -521,6 +525,7 @@ func (g *Gate) ReleaseWaiting() {
 		}
 	}
 	g.queue = nil
+	g.waiting.Store(false)
 	g.fair.releaseAll()
 	g.mu.Unlock()
 	runAll(notify)

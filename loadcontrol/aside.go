@@ -239,8 +239,11 @@ func (v *View) Follow(key uint64, now int64) {
 	g.tookNewcomer(pin, now)
 }
 
-// HoldsTurns reports whether load control is on and not stepped aside:
-// routing then leaves its residents on their replicas.
-func (v *View) HoldsTurns() bool {
-	return v.cfg.Enabled && !v.gate.aside.Load()
+// KeepsResidents reports whether load control holds turns and some wait
+// for room now: routing then leaves its residents on their replicas, as a
+// move would take room the waiting turns are owed. While none waits, a
+// resident's turn may move by its expected cost as without load control,
+// its residency following it (Follow): there is room for what it evicts.
+func (v *View) KeepsResidents() bool {
+	return v.cfg.Enabled && !v.gate.aside.Load() && v.gate.waiting.Load()
 }

@@ -151,6 +151,7 @@ func (g *Gate) unqueue(t *Ticket) {
 func (g *Gate) removeQueued(i int) {
 	t := g.queue[i]
 	g.queue = slices.Delete(g.queue, i, i+1)
+	g.waiting.Store(len(g.queue) > 0)
 	f := g.fair.flows[t.fair.flow]
 	f.turns = slices.DeleteFunc(f.turns, func(o *Ticket) bool { return o == t })
 	if len(f.turns) == 0 {

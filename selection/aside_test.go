@@ -403,3 +403,45 @@ func TestAdmissionAsideLeavesPlacementToTheRouting(t *testing.T) {
 		}
 	}
 }
+
+// While load control holds turns and none waits for room, a resident's
+// turn moves by its expected cost as without load control, its residency
+// following it; while a turn waits, the resident stays where its cache is,
+// as a move would take the room the waiting turn is owed.
+func TestResidentMovesByCostOnlyWhileNoTurnWaits(t *testing.T) {
+	for _, waiting := range []bool{false, true} {
+		r := newAsideRouter(loadcontrol.Config{})
+		teachRate(r.testRouter, 5000, kvLoad(1000))
+		teachTurns(r.testRouter, 30*time.Second)
+		a := r.admit("a", 40)
+		mustState(t, a, loadcontrol.Admitted)
+		first := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: r.now})
+		home := id(first)
+		first.Release()
+		a.Done(r.now)
+		if waiting { // three more conversations fill both replicas, a fifth waits
+			for i := range 3 {
+				mustState(t, r.admit(fmt.Sprintf("b%d", i), 40), loadcontrol.Admitted)
+			}
+			w := r.admit("waits", 40)
+			mustState(t, w, loadcontrol.Waiting)
+			defer w.Cancel(r.now)
+		}
+		busy := hold(t, r.testRouter, home, 1, 40000, 0) // 8 s of prefill queued on a's pin
+		r.now = r.now.Add(time.Second)
+		mustState(t, r.admit("a", 40), loadcontrol.Admitted)
+		before := residentsOn(r.testRouter)
+		d := r.Pick(Request{Key: "a", PromptTokens: 10000, Now: r.now})
+		d.Release()
+		releaseAll(busy)
+		after := residentsOn(r.testRouter)
+		switch {
+		case waiting && (d.Outcome != Sticky || id(d) != home):
+			t.Errorf("a turn waiting: %v on %s, want sticky on %s", d.Outcome, id(d), home)
+		case !waiting && (d.Outcome != Spilled || id(d) == home):
+			t.Errorf("no turn waiting: %v on %s, want spilled off %s", d.Outcome, id(d), home)
+		case !waiting && (after[id(d)] != before[id(d)]+1 || after[home] != before[home]-1):
+			t.Errorf("residents %v, then %v once a moved: want its residency on %s", before, after, id(d))
+		}
+	}
+}

@@ -48,9 +48,10 @@ func (v *View) Admission() loadcontrol.Config { return v.cfg.Admission }
 // control no longer holds turns (its model left the config).
 func (r *Router) ReleaseWaiting() { r.gate.ReleaseWaiting() }
 
-// holdsTurns reports whether load control is on and not stepped aside:
-// routing then leaves its residents' conversations where they are.
-func (v *View) holdsTurns() bool { return v.cfg.Admission.Enabled && v.lc.HoldsTurns() }
+// keepsResidents reports whether load control holds turns and some wait
+// for room: routing then leaves its residents' conversations where they
+// are (loadcontrol.View.KeepsResidents).
+func (v *View) keepsResidents() bool { return v.cfg.Admission.Enabled && v.lc.KeepsResidents() }
 
 // Kept is an idle conversation that load control keeps resident for a
 // person within their share, and the replica holding its cache, where a

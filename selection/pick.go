@@ -290,14 +290,14 @@ func (v *View) stay(e *session, req Request, key uint64) Decision {
 
 // mayMove reports whether the turn might be served better off its pin (e,
 // its shard locked): the pin is over a manual spill threshold, or it is
-// not sure that no replica would start the turn sooner (cost.go). Load
-// control, when it holds turns, keeps its residents' caches itself and
-// moves only turns over a manual threshold.
+// not sure that no replica would start the turn sooner (cost.go). While
+// turns wait for room in load control, its residents stay where their
+// caches are, moved only over a manual threshold.
 func (v *View) mayMove(e *session, req Request, now int64) bool {
 	if v.overThreshold(e.pin) {
 		return true
 	}
-	if v.holdsTurns() {
+	if v.keepsResidents() {
 		return false
 	}
 	rate := v.prefillRate()
@@ -316,7 +316,7 @@ func (v *View) moveTarget(e *session, req Request, key uint64, now int64) *repli
 			return s != e.pin && s.healthy.Load() && !v.full(s)
 		}, func(s *replicaState) float64 { return v.turnCost(s, req.PromptTokens, elsewhere, now, rate) })
 	}
-	if v.holdsTurns() {
+	if v.keepsResidents() {
 		return nil
 	}
 	return v.cheaperThan(e, req, key, now)
