@@ -243,7 +243,8 @@ func (v *View) Follow(key uint64, now int64) {
 // for room now: routing then leaves its residents on their replicas, as a
 // move would take room the waiting turns are owed. While none waits, a
 // resident's turn may move by its expected cost as without load control,
-// its residency following it (Follow): there is room for what it evicts.
+// its residency following it (Follow): no waiting turn is owed the room it
+// takes.
 func (v *View) KeepsResidents() bool {
 	return v.cfg.Enabled && !v.gate.aside.Load() && v.gate.waiting.Load()
 }
