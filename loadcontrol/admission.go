@@ -308,7 +308,6 @@ func (v *View) Admit(turn Turn, body Body, ready func()) *Ticket {
 	default:
 		t.state = Waiting
 		g.enqueue(t)
-		g.waiting.Store(true)
 		g.queued++
 	}
 	g.mu.Unlock()

@@ -93,6 +93,7 @@ func (t *Ticket) secondary() bool {
 // enqueue puts t in the queue at its flow's next slot, ahead of its flow's
 // secondary turns if it is a main one (g.mu held).
 func (g *Gate) enqueue(t *Ticket) {
+	g.waiting.Store(true)
 	q := &g.fair
 	if len(g.queue) == 0 {
 		q.vt = 0
