@@ -381,3 +381,22 @@ func TestNewConversationGoesBesideASilentOneRatherThanARunningOne(t *testing.T) 
 		}
 	}
 }
+
+// A new conversation goes where fewer conversations are active, however
+// full the KV cache is there: the fill is the context of the requests
+// running at that instant, not what the replica will hold.
+func TestNewConversationIgnoresTheCacheFill(t *testing.T) {
+	r := newTestRouter(2, Config{MaxNumSeqs: 32})
+	teachRate(r, 5000, kvLoad(1000))
+	home := id(turn(t, r, "old", 0))
+	other := r.Replicas()[0].ID
+	if other == home {
+		other = r.Replicas()[1].ID
+	}
+	full := kvLoad(1000)
+	full.KVUsage = 0.9
+	r.SetLoad(other, withRate(full, 5000, 2))
+	if d := turn(t, r, "new", time.Second); d.Outcome != Placed || id(d) != other {
+		t.Fatalf("%v on %s, want placed on %s, where no conversation is active", d.Outcome, id(d), other)
+	}
+}

@@ -6,21 +6,33 @@ import (
 	"github.com/lmwarden/caddy-warden/sessionkey"
 )
 
-// cost is how loaded a replica is, lower is better:
+// cost is how loaded a replica is, lower is better. For a request
+// without a conversation:
 //
-//	busy + slots × kv_used [+ active sessions]
+//	busy + slots × kv_used
+//
+// and for placing a conversation (withSessions):
+//
+//	busy + active sessions [+ slots while the load is unknown]
 //
 // busy is our in-flight requests plus other clients' requests that two
 // scrapes in a row have shown (replicaState.busy); kv_used is the KV-cache
-// fill (1 when metrics are missing or stale, so an unknown replica looks
-// full, never idle), weighted by the replica's slots (cost.go) so that a
-// full cache weighs as much as every slot taken. When placing a new
-// session the sessions the replica already serves (active within the
-// active window) are added: each will send its next turn soon.
+// fill (1 when metrics are missing or stale), weighted by the replica's
+// slots (cost.go) so that a full cache weighs as much as every slot taken:
+// an unknown replica looks full, never idle. A conversation weighs on its
+// replica for its whole life, so its placement counts the sessions the
+// replica serves (active within the active window), each about to send
+// its next turn, and not the cache's fill, which is the context of the
+// requests running at that instant: it sent new conversations where the
+// running requests happened to be short, among conversations about to
+// send their next turns (docs/routing.md).
 func (v *View) cost(s *replicaState, withSessions bool) float64 {
-	c := s.busy() + v.slots(s)*s.kvUsage()
-	if withSessions {
-		c += float64(s.active.Load())
+	if !withSessions {
+		return s.busy() + v.slots(s)*s.kvUsage()
+	}
+	c := s.busy() + float64(s.active.Load())
+	if !s.load.Load().Known {
+		c += v.slots(s)
 	}
 	return c
 }
