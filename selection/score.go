@@ -22,10 +22,9 @@ import (
 // an unknown replica looks full, never idle. A conversation weighs on its
 // replica for its whole life, so its placement counts the sessions the
 // replica serves (active within the active window), each about to send
-// its next turn, and not the cache's fill, which is the context of the
-// requests running at that instant: it sent new conversations where the
-// running requests happened to be short, among conversations about to
-// send their next turns (docs/routing.md).
+// its next turn, and not the cache's fill: the context of the requests
+// running at that instant, lowest where conversations are between turns
+// and about to send the next (docs/routing.md).
 func (v *View) cost(s *replicaState, withSessions bool) float64 {
 	if !withSessions {
 		return s.busy() + v.slots(s)*s.kvUsage()
