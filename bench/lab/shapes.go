@@ -37,8 +37,8 @@ type Shape struct {
 	NumGPUBlocks int `json:"num_gpu_blocks"`
 	MaxModelLen  int `json:"max_model_len"`
 	// Fit is the fleet's KV cache over the working set: the shared prompt
-	// plus every conversation at its mean final length. Below 1 the
-	// conversations cannot all stay cached.
+	// on every replica plus every conversation at its mean final length.
+	// Below 1 the conversations cannot all stay cached.
 	Fit float64 `json:"fit"`
 
 	Warmup           time.Duration `json:"warmup_ns"`
@@ -106,8 +106,11 @@ func drawShape(seed int64, index, blockSize int) Shape {
 			continue
 		}
 		s.MaxModelLen = roundUp(longest+blockSize, 1024)
-		s.Fit = round2(logUniform(minFit, maxFit))
-		perEngine := max(float64(s.MaxModelLen), s.Fit*s.workingSet()/float64(s.Replicas))
+		// The cache is drawn as a multiple of the shared prompt once plus
+		// the conversations, spread over the replicas; Fit then says what
+		// the replicas' caches, each holding the shared prompt, make of it.
+		drawn := round2(logUniform(minFit, maxFit))
+		perEngine := max(float64(s.MaxModelLen), drawn*(float64(s.SystemTokens)+s.conversations())/float64(s.Replicas))
 		s.NumGPUBlocks = int(math.Ceil(perEngine / float64(blockSize)))
 		s.Fit = round2(float64(s.NumGPUBlocks*blockSize*s.Replicas) / s.workingSet())
 		s.Warmup, s.Duration, s.ConversationTail = s.windows()
@@ -129,11 +132,17 @@ func (s Shape) longestConversation() int {
 		(turns-1)*(1.1*float64(s.TurnTokens)+float64(s.MaxOutputTokens)) + float64(s.MaxOutputTokens)))
 }
 
-// workingSet is the shared prompt plus every conversation at its mean final
-// length: what the fleet must hold for no conversation to lose its cache.
+// workingSet is what the fleet must hold for no conversation to lose its
+// cache: the shared prompt on every replica, as each serves new
+// conversations, plus every conversation.
 func (s Shape) workingSet() float64 {
+	return float64(s.Replicas*s.SystemTokens) + s.conversations()
+}
+
+// conversations is every conversation's own part at its mean final length.
+func (s Shape) conversations() float64 {
 	own := float64(s.FirstTokens) + float64(s.Turns-1)*(float64(s.TurnTokens)+s.meanOutput()) + s.meanOutput()
-	return float64(s.SystemTokens) + float64(s.Sessions)*own
+	return float64(s.Sessions) * own
 }
 
 // Fits reports whether every conversation can stay cached at once.
