@@ -107,8 +107,9 @@ func drawShape(seed int64, index, blockSize int) Shape {
 		}
 		s.MaxModelLen = roundUp(longest+blockSize, 1024)
 		// The cache is drawn as a multiple of the shared prompt once plus
-		// the conversations, spread over the replicas; Fit then says what
-		// the replicas' caches, each holding the shared prompt, make of it.
+		// the conversations, spread over the replicas, as it always was,
+		// so that a seed still draws the same shapes; Fit counts the shared
+		// prompt on every replica.
 		drawn := round2(logUniform(minFit, maxFit))
 		perEngine := max(float64(s.MaxModelLen), drawn*(float64(s.SystemTokens)+s.conversations())/float64(s.Replicas))
 		s.NumGPUBlocks = int(math.Ceil(perEngine / float64(blockSize)))

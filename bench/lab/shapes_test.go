@@ -70,6 +70,16 @@ func TestShapesAreRunnableAndCoverTheirRanges(t *testing.T) {
 
 // A shape's run is the lab's run of its configuration, labelled with it,
 // whatever the workers.
+// Every replica holds the shared prompt beside its conversations: two
+// replicas of 12k tokens cannot keep two 5k conversations beside a 10k
+// prompt each, though counted once for the fleet it would seem to fit.
+func TestFitCountsTheSharedPromptOnEveryReplica(t *testing.T) {
+	s := Shape{Replicas: 2, Sessions: 2, SystemTokens: 10_000, FirstTokens: 5_000, Turns: 1}
+	if fleet := 2 * 12_000.0; fleet >= s.workingSet() {
+		t.Fatalf("working set %.0f tokens fits caches of %.0f", s.workingSet(), fleet)
+	}
+}
+
 func TestRunShapesLabelsTheLabsRows(t *testing.T) {
 	base := DefaultConfig()
 	shapes := DrawShapes(3, 2, base.Profile.BlockSize)
