@@ -68,8 +68,6 @@ func TestShapesAreRunnableAndCoverTheirRanges(t *testing.T) {
 	}
 }
 
-// A shape's run is the lab's run of its configuration, labelled with it,
-// whatever the workers.
 // Every replica holds the shared prompt beside its conversations: two
 // replicas of 12k tokens cannot keep two 5k conversations beside a 10k
 // prompt each, though counted once for the fleet it would seem to fit.
@@ -80,6 +78,8 @@ func TestFitCountsTheSharedPromptOnEveryReplica(t *testing.T) {
 	}
 }
 
+// A shape's run is the lab's run of its configuration, labelled with it,
+// whatever the workers.
 func TestRunShapesLabelsTheLabsRows(t *testing.T) {
 	base := DefaultConfig()
 	shapes := DrawShapes(3, 2, base.Profile.BlockSize)
